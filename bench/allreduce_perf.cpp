@@ -1,0 +1,146 @@
+// allreduce_perf: nccl-tests' all_reduce_perf for cclite.
+//
+//   build/bin/cclite-run --nproc-per-node 2 build/bin/allreduce_perf -b 8 -e 64M -f 4
+//
+// Flags (as nccl-tests): -b min bytes, -e max bytes, -f size factor, -n iterations,
+// -w warmup iterations, -c check (1 = count wrong elements, default 1),
+// -d dtype (int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double),
+// -o op (sum prod min max avg), -J file (append one JSON object per size).
+// Columns: size (B), count, type, redop, then out-of-place and in-place
+// time (us), algbw (GB/s), busbw (GB/s), #wrong. busbw = algbw * 2(n-1)/n,
+// comparable to one link's bandwidth (nccl-tests doc/PERFORMANCE.md).
+#include <cclite/cclite.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/perf_args.hpp"
+
+using namespace cclite;
+
+namespace {
+
+// Expected element value: inputs are rank + i % 3, so the reduction is exact.
+double input(int rank, std::size_t i) { return static_cast<double>(rank + static_cast<int>(i % 3)); }
+
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, half>) return to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return to_float(v);
+  else return static_cast<double>(v);
+}
+
+double expected(reduce_op op, int n, std::size_t i) {
+  double acc = input(0, i);
+  for (int r = 1; r < n; ++r) {
+    double x = input(r, i);
+    switch (op) {
+      case reduce_op::sum: case reduce_op::avg: acc += x; break;
+      case reduce_op::prod: acc *= x; break;
+      case reduce_op::min: acc = std::min(acc, x); break;
+      case reduce_op::max: acc = std::max(acc, x); break;
+    }
+  }
+  return op == reduce_op::avg ? acc / n : acc;
+}
+
+template <class T>
+void fill(void* p, std::size_t count, int rank) {
+  T* t = static_cast<T*>(p);
+  for (std::size_t i = 0; i < count; ++i) t[i] = from_double<T>(input(rank, i));
+}
+
+template <class T>
+std::size_t count_wrong(const void* p, std::size_t count, reduce_op op, int n) {
+  const T* t = static_cast<const T*>(p);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    double want = to_double(from_double<T>(expected(op, n, i)));
+    if (to_double(t[i]) != want) ++bad;
+  }
+  return bad;
+}
+
+template <class F>
+auto by_dtype(dtype t, F&& f) {
+  switch (t) {
+    case dtype::int8: return f(std::int8_t{});
+    case dtype::uint8: return f(std::uint8_t{});
+    case dtype::int32: return f(std::int32_t{});
+    case dtype::uint32: return f(std::uint32_t{});
+    case dtype::int64: return f(std::int64_t{});
+    case dtype::uint64: return f(std::uint64_t{});
+    case dtype::float16: return f(half{});
+    case dtype::bfloat16: return f(bfloat16{});
+    case dtype::float32: return f(float{});
+    case dtype::float64: return f(double{});
+  }
+  return f(float{});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto args = bench::parse_perf_args(argc, argv, "allreduce_perf");
+  if (!args) {
+    std::fprintf(stderr, "%s\n", args.error().message().c_str());
+    return 2;
+  }
+  const bench::perf_args a = args.value();
+  auto comm = cclite::init();
+  if (!comm) {
+    std::fprintf(stderr, "allreduce_perf: %s\n", comm.error().to_string().c_str());
+    return 1;
+  }
+  auto& c = *comm.value();
+  const std::size_t esz = size_of(a.type);
+  const std::size_t max_count = a.max_bytes / esz;
+  // Buffers allocated and touched once, outside the timed loop.
+  std::vector<std::uint8_t> send(max_count * esz + 64), recv(max_count * esz + 64);
+
+  bench::perf_table table(c.rank() == 0, a, "allreduce", c.size(), 2.0 * (c.size() - 1) / c.size());
+  table.header(c.transport_of(c.size() > 1 ? c.topo().ring_next(c.rank()) : c.rank()));
+  std::size_t total_wrong = 0;
+  for (std::size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes = bench::next_size(bytes, a)) {
+    const std::size_t count = bytes / esz;
+    bench::perf_row row{count * esz, count};
+    for (int in_place = 0; in_place < 2; ++in_place) {
+      void* sbuf = send.data();
+      void* rbuf = in_place ? send.data() : recv.data();
+      auto once = [&] { return c.allreduce(sbuf, rbuf, count, a.type, a.op); };
+      for (int i = 0; i < a.warmup; ++i) check(once());
+      check(c.barrier());
+      double t0 = now_seconds();
+      for (int i = 0; i < a.iters; ++i) check(once());
+      double us = (now_seconds() - t0) * 1e6 / a.iters;
+      check(c.allreduce(&us, 1, reduce_op::max));  // the slowest rank sets the time
+      std::size_t wrong = 0;
+      if (a.check) {
+        by_dtype(a.type, [&](auto tag) { fill<decltype(tag)>(sbuf, count, c.rank()); });
+        check(once());
+        wrong = by_dtype(a.type, [&](auto tag) {
+          return count_wrong<decltype(tag)>(rbuf, count, a.op, c.size());
+        });
+        std::uint64_t w = wrong;
+        check(c.allreduce(&w, 1, reduce_op::sum));
+        wrong = static_cast<std::size_t>(w);
+      }
+      total_wrong += wrong;
+      row.set(in_place, us, wrong);
+    }
+    table.print(row);
+    if (bytes == a.max_bytes || bench::next_size(bytes, a) <= bytes) break;
+  }
+  table.footer();
+  return total_wrong == 0 ? 0 : 1;
+}

@@ -1,0 +1,176 @@
+// cclite/algorithm/primitives.hpp - the verbs every ring/chain algorithm is written in.
+//
+// NCCL's primitive set, over two links: data arrives from `prev` and leaves to
+// `next` (they may be the same link when there are two ranks):
+//
+//   send(src)                          next <- src
+//   recv(out)                          out  <- prev
+//   recv_copy_send(out)                out  <- prev, next <- same bytes
+//   recv_reduce_send(local)            next <- local (op) prev
+//   recv_reduce_copy_send(local, out)  out  <- local (op) prev, next <- out
+//
+// Each verb streams `bytes` through the links in pieces of at most
+// `piece_bytes` (64 KiB by default): small enough that a piece stays in L2
+// between the reduction and the forward copy and that the next rank starts
+// before we finish, large enough that the per-piece bookkeeping is noise.
+// Reductions go straight from the receive FIFO into the send FIFO (no
+// intermediate buffer). A verb returns only when all its bytes have moved, or
+// with the first error of either link (timeout, peer_lost, aborted).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <cclite/config.hpp>
+#include <cclite/core/bytes.hpp>
+#include <cclite/core/clock.hpp>
+#include <cclite/core/reduce.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/transport/concept.hpp>
+
+namespace cclite {
+
+template <class Prev, class Next>
+class primitives {
+  static_assert(is_link_v<Prev> && is_link_v<Next>, "primitives need two links");
+
+ public:
+  /// `elem` is the element size: pieces are whole elements. `red` may be
+  /// null for verbs that do not reduce.
+  primitives(Prev& prev, Next& next, std::size_t elem, const reduction* red, deadline until,
+             std::size_t piece_bytes = 64 << 10)
+      : prev_(prev), next_(next), elem_(elem), red_(red), until_(until),
+        piece_(std::max(align_down(piece_bytes, max_dtype_size), std::size_t(max_dtype_size))) {}
+
+  status send(const std::uint8_t* src, std::size_t bytes) {
+    return pump(bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
+      std::memcpy(dst, src + off, n);
+    });
+  }
+
+  status recv(std::uint8_t* out, std::size_t bytes) {
+    return pump(bytes, true, false, [&](const std::uint8_t* in, std::uint8_t*, std::size_t n, std::size_t off) {
+      std::memcpy(out + off, in, n);
+    });
+  }
+
+  status recv_copy_send(std::uint8_t* out, std::size_t bytes) {
+    return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
+      std::memcpy(out + off, in, n);
+      std::memcpy(dst, in, n);
+    });
+  }
+
+  status recv_reduce_send(const std::uint8_t* local, std::size_t bytes) {
+    return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
+      red_->copy(dst, local + off, in, n / elem_);
+    });
+  }
+
+  /// out = local (op) prev; forwards out. With `divide_by` > 0 (reduce_op::avg)
+  /// the result is divided before it is kept and forwarded, so every rank ends
+  /// with the bits the owner computed. `local` may equal `out` (in place).
+  status recv_reduce_copy_send(const std::uint8_t* local, std::uint8_t* out, std::size_t bytes,
+                               int divide_by = 0) {
+    return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
+      const std::size_t elems = n / elem_;
+      if (divide_by == 0 && local != out) {
+        red_->copy2(out + off, dst, local + off, in, elems);
+        return;
+      }
+      if (local == out) red_->inplace(out + off, in, elems);
+      else red_->copy(out + off, local + off, in, elems);
+      if (divide_by > 0) red_->divide(out + off, elems, divide_by);
+      std::memcpy(dst, out + off, n);
+    });
+  }
+
+  /// out = local (op) prev, nothing forwarded (the last hop of a reduce).
+  status recv_reduce_copy(const std::uint8_t* local, std::uint8_t* out, std::size_t bytes) {
+    return pump(bytes, true, false, [&](const std::uint8_t* in, std::uint8_t*, std::size_t n, std::size_t off) {
+      if (local == out) red_->inplace(out + off, in, n / elem_);
+      else red_->copy(out + off, local + off, in, n / elem_);
+    });
+  }
+
+  /// Pads both streams to a multiple of max_dtype_size so the next collective,
+  /// whatever its dtype, starts element-aligned (see transport/concept.hpp).
+  status finish() {
+    std::size_t pad_out = align_up(sent_, max_dtype_size) - sent_;
+    std::size_t pad_in = align_up(received_, max_dtype_size) - received_;
+    elem_ = 1;
+    if (pad_out) CCLITE_TRY(pump(pad_out, false, true, [](const std::uint8_t*, std::uint8_t* d, std::size_t n, std::size_t) { std::memset(d, 0, n); }));
+    if (pad_in) CCLITE_TRY(pump(pad_in, true, false, [](const std::uint8_t*, std::uint8_t*, std::size_t, std::size_t) {}));
+    sent_ = received_ = 0;
+    // A link that buffers output in user space (tcp) must hand it all to the
+    // kernel before the collective returns: the caller may compute for a
+    // long time before its next call, and the peer needs those bytes now.
+    CCLITE_TRY(flush(next_));
+    if (static_cast<const void*>(&next_) != static_cast<const void*>(&prev_)) CCLITE_TRY(flush(prev_));
+    return {};
+  }
+
+ private:
+  template <class L>
+  auto flush(L& l) -> decltype(l.flush(deadline{})) {
+    return l.flush(until_);
+  }
+  template <class L, class... Ignored>
+  status flush(L&, Ignored...) {
+    return {};
+  }
+
+  // Moves `bytes` through the links: waits for input (if `in`) and output
+  // space (if `out`), hands contiguous whole-element pieces to `body`.
+  template <class Body>
+  status pump(std::size_t bytes, bool in, bool out, Body&& body) {
+    std::size_t done = 0;
+    int idle = 0;
+    while (done < bytes) {
+      std::size_t n = std::min(bytes - done, piece_);
+      const_bytes src{};
+      mutable_bytes dst{};
+      if (in) {
+        src = prev_.recv_peek();
+        n = std::min(n, src.size);
+      }
+      if (out) {
+        dst = next_.send_reserve(n);
+        n = std::min(n, dst.size);
+      }
+      n = align_down(n, elem_);
+      if (n == 0) {
+        // Nothing to do yet: let both links move bytes (a TCP link pushes its
+        // pending output here), then block on the side that is short.
+        CCLITE_TRY(prev_.poll());
+        if (static_cast<const void*>(&next_) != static_cast<const void*>(&prev_)) CCLITE_TRY(next_.poll());
+        if (++idle < 4) continue;
+        idle = 0;
+        bool need_in = in && src.size < std::min(bytes - done, elem_);
+        if (need_in || !out) CCLITE_TRY(prev_.wait(wait_for::recv, until_));
+        else CCLITE_TRY(next_.wait(wait_for::send, until_));
+        continue;
+      }
+      idle = 0;
+      body(src.data, dst.data, n, done);
+      if (in) prev_.recv_consume(n);
+      if (out) next_.send_commit(n);
+      done += n;
+    }
+    if (in) received_ += bytes;
+    if (out) sent_ += bytes;
+    return {};
+  }
+
+  Prev& prev_;
+  Next& next_;
+  std::size_t elem_;
+  const reduction* red_;
+  deadline until_;
+  std::size_t piece_;
+  std::size_t sent_ = 0, received_ = 0;
+};
+
+}  // namespace cclite

@@ -1,0 +1,275 @@
+// cclite/bootstrap/launch_env.hpp - who am I, how many are we, where do we meet.
+//
+// detect_launch() reads the variables that launchers export, so the same
+// binary runs under cclite-run, torchrun, mpirun (Open MPI, MPICH, Intel MPI)
+// and srun. The first source that sets both its rank and its size wins:
+//
+//   launcher      rank / size                      local rank / size; node rank
+//   "explicit"    CCLITE_RANK / CCLITE_WORLD_SIZE  CCLITE_LOCAL_RANK / CCLITE_LOCAL_WORLD_SIZE;
+//                                                  CCLITE_NODE_RANK
+//   "cclite-run"  RANK / WORLD_SIZE                LOCAL_RANK / LOCAL_WORLD_SIZE; GROUP_RANK
+//   ("torchrun" when TORCHELASTIC_RUN_ID is set)
+//   "openmpi"     OMPI_COMM_WORLD_RANK / _SIZE     OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE
+//   "pmi"         PMI_RANK / PMI_SIZE              MPI_LOCALRANKID / MPI_LOCALNRANKS
+//   "slurm"       SLURM_PROCID / SLURM_NTASKS      SLURM_LOCALID / SLURM_NTASKS_PER_NODE (only
+//                                                  when a plain number); SLURM_NODEID
+//
+// CCLITE_LAUNCHER, when set, replaces the launcher name (a launcher may name itself).
+// Local rank / size and node rank are hints; topology computes the truth.
+//
+// Rendezvous: CCLITE_RDZV_ENDPOINT=host:port ([v6addr]:port for IPv6), else
+// MASTER_ADDR + MASTER_PORT; CCLITE_RDZV_DIR (a directory every node mounts)
+// is used when no endpoint is given. A job of one process needs neither.
+// Job id (separates jobs sharing a store or a directory): CCLITE_RDZV_ID,
+// TORCHELASTIC_RUN_ID, SLURM_JOB_ID (".<SLURM_STEP_ID>" appended when set, so
+// that two srun steps of one job do not meet), OMPI_MCA_ess_base_jobid, else
+// "default". An empty variable counts as unset.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <string>
+
+#include <cclite/core/status.hpp>
+
+namespace cclite {
+
+/// What the launcher told this process.
+struct launch_info {
+  int rank = -1, size = -1, local_rank = -1, local_size = -1;
+  int node_rank = -1;
+  /// "explicit", "cclite-run", "torchrun", "openmpi", "pmi", "slurm".
+  std::string launcher;
+  /// Rendezvous endpoint (rank 0 hosts the store there); host empty if none.
+  /// An IPv6 host is kept without brackets.
+  std::string rdzv_host;
+  std::uint16_t rdzv_port = 0;
+  /// Shared directory for a file store; empty if none.
+  std::string rdzv_dir;
+  std::string job_id;
+  /// The variables rank and size came from ("RANK/WORLD_SIZE"), for messages.
+  std::string source;
+};
+
+/// Looks a variable up; returns nullptr when unset. ::getenv by default;
+/// tests pass a fake environment.
+using env_getter = std::function<const char*(const char*)>;
+
+namespace detail {
+
+inline const char* env_value(const env_getter& get, const char* name) {
+  const char* v = name ? get(name) : nullptr;
+  return (v && *v) ? v : nullptr;
+}
+
+// Strict non-negative decimal int; `out` untouched on failure.
+inline bool parse_nonneg_int(const char* s, long long max, long long& out) {
+  if (!s || !*s) return false;
+  long long v = 0;
+  for (const char* p = s; *p; ++p) {
+    if (*p < '0' || *p > '9') return false;
+    v = v * 10 + (*p - '0');
+    if (v > max) return false;
+  }
+  out = v;
+  return true;
+}
+
+inline status bad_int(const char* name, const char* value, const char* what) {
+  return make_error(errc::bootstrap_error, "cclite: %s='%s' is not %s; check the launcher command", name,
+                    value, what);
+}
+
+// Reads an optional int variable into `out` (left at -1 when unset).
+inline status read_int(const env_getter& get, const char* name, int min, int& out) {
+  const char* v = env_value(get, name);
+  if (!v) return {};
+  long long x = 0;
+  if (!parse_nonneg_int(v, 0x7fffffff, x) || x < min)
+    return bad_int(name, v, min > 0 ? "a positive integer" : "a non-negative integer");
+  out = static_cast<int>(x);
+  return {};
+}
+
+inline status parse_port(const char* name, const char* text, std::uint16_t& port) {
+  long long p = 0;
+  if (!parse_nonneg_int(text, 65535, p) || p == 0)
+    return make_error(errc::bootstrap_error, "cclite: %s has port '%s'; a port is a number in 1..65535", name,
+                      text);
+  port = static_cast<std::uint16_t>(p);
+  return {};
+}
+
+// "host:port" or "[v6]:port" -> host (no brackets), port.
+inline status parse_endpoint(const char* text, std::string& host, std::uint16_t& port) {
+  std::string s = text;
+  std::string port_text;
+  if (!s.empty() && s[0] == '[') {
+    auto close = s.find(']');
+    if (close == std::string::npos || close + 1 >= s.size() || s[close + 1] != ':')
+      return make_error(errc::bootstrap_error, "cclite: CCLITE_RDZV_ENDPOINT='%s' is not [ipv6-address]:port",
+                        text);
+    host = s.substr(1, close - 1);
+    port_text = s.substr(close + 2);
+  } else {
+    auto colon = s.rfind(':');
+    if (colon == std::string::npos)
+      return make_error(errc::bootstrap_error,
+                        "cclite: CCLITE_RDZV_ENDPOINT='%s' has no port; write host:port (e.g. node0:29400)",
+                        text);
+    if (s.find(':') != colon)
+      return make_error(
+          errc::bootstrap_error,
+          "cclite: CCLITE_RDZV_ENDPOINT='%s' is ambiguous; write an IPv6 address as [addr]:port", text);
+    host = s.substr(0, colon);
+    port_text = s.substr(colon + 1);
+  }
+  if (host.empty())
+    return make_error(errc::bootstrap_error, "cclite: CCLITE_RDZV_ENDPOINT='%s' has no host; write host:port",
+                      text);
+  std::string what = std::string("CCLITE_RDZV_ENDPOINT='") + text + "'";
+  return parse_port(what.c_str(), port_text.c_str(), port);
+}
+
+struct launch_source {
+  const char* launcher;
+  const char *rank, *size, *local_rank, *local_size, *node_rank;
+};
+
+}  // namespace detail
+
+/// Reads the launcher environment through `get`.
+/// Errors (errc::bootstrap_error, one line saying what to set): no launcher
+/// variables; only one of a rank/size pair; a non-numeric or out-of-range
+/// value ("RANK=5 but WORLD_SIZE=4"); a malformed endpoint or port; more than
+/// one process but neither an endpoint nor a directory to meet at.
+inline result<launch_info> detect_launch(const env_getter& get) {
+  using detail::env_value;
+  static const detail::launch_source sources[] = {
+      {"explicit", "CCLITE_RANK", "CCLITE_WORLD_SIZE", "CCLITE_LOCAL_RANK", "CCLITE_LOCAL_WORLD_SIZE",
+       "CCLITE_NODE_RANK"},
+      {"cclite-run", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+       "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
+      {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr, "SLURM_NODEID"},
+  };
+  launch_info li;
+  const detail::launch_source* src = nullptr;
+  const detail::launch_source* half = nullptr;  // first source with only one of the pair
+  for (const auto& s : sources) {
+    bool r = env_value(get, s.rank) != nullptr, z = env_value(get, s.size) != nullptr;
+    if (r && z) {
+      src = &s;
+      break;
+    }
+    if ((r || z) && !half) half = &s;
+    // CCLITE_* are an explicit request: half of them is an error even when a
+    // launcher's variables are present.
+    if (half == &sources[0]) break;
+  }
+  if (half && (!src || half == &sources[0])) {
+    bool has_rank = env_value(get, half->rank) != nullptr;
+    return make_error(errc::bootstrap_error, "cclite: %s is set but %s is not; set both (or neither)",
+                      has_rank ? half->rank : half->size, has_rank ? half->size : half->rank);
+  }
+  if (!src)
+    return make_error(errc::bootstrap_error,
+                      "cclite: cannot tell this process's rank: no launcher environment found (looked for "
+                      "RANK/WORLD_SIZE (torchrun, cclite-run), OMPI_COMM_WORLD_RANK/SIZE (mpirun), "
+                      "PMI_RANK/PMI_SIZE, SLURM_PROCID/SLURM_NTASKS); start with cclite-run or set "
+                      "CCLITE_RANK and CCLITE_WORLD_SIZE");
+
+  li.launcher = src->launcher;
+  if (src == &sources[1] && env_value(get, "TORCHELASTIC_RUN_ID")) li.launcher = "torchrun";
+  if (const char* l = env_value(get, "CCLITE_LAUNCHER")) li.launcher = l;
+  li.source = std::string(src->rank) + "/" + src->size;
+  CCLITE_TRY(detail::read_int(get, src->rank, 0, li.rank));
+  CCLITE_TRY(detail::read_int(get, src->size, 1, li.size));
+  if (li.rank >= li.size)
+    return make_error(
+        errc::bootstrap_error,
+        "cclite: %s=%d but %s=%d; a rank must be below the world size, check the launcher command", src->rank,
+        li.rank, src->size, li.size);
+  CCLITE_TRY(detail::read_int(get, src->local_rank, 0, li.local_rank));
+  CCLITE_TRY(detail::read_int(get, src->node_rank, 0, li.node_rank));
+  if (src->local_size) {
+    CCLITE_TRY(detail::read_int(get, src->local_size, 1, li.local_size));
+  } else if (const char* n = env_value(get, "SLURM_NTASKS_PER_NODE")) {
+    long long x = 0;  // Slurm also writes "2(x3),1": a hint only when plain
+    if (detail::parse_nonneg_int(n, li.size, x) && x >= 1) li.local_size = static_cast<int>(x);
+  }
+  if (li.local_rank >= 0 && li.local_size > 0 && li.local_rank >= li.local_size) {
+    if (src->local_size)
+      return make_error(errc::bootstrap_error, "cclite: %s=%d but %s=%d; check the launcher command",
+                        src->local_rank, li.local_rank, src->local_size, li.local_size);
+    li.local_size = -1;  // an inconsistent Slurm hint is dropped, not fatal
+  }
+  if (li.local_size > li.size)
+    return make_error(errc::bootstrap_error, "cclite: %s=%d but %s=%d; check the launcher command",
+                      src->local_size ? src->local_size : "SLURM_NTASKS_PER_NODE", li.local_size, src->size,
+                      li.size);
+
+  if (const char* ep = env_value(get, "CCLITE_RDZV_ENDPOINT")) {
+    CCLITE_TRY(detail::parse_endpoint(ep, li.rdzv_host, li.rdzv_port));
+  } else {
+    const char* addr = env_value(get, "MASTER_ADDR");
+    const char* port = env_value(get, "MASTER_PORT");
+    if (addr && !port)
+      return make_error(errc::bootstrap_error,
+                        "cclite: MASTER_ADDR is set but MASTER_PORT is not; set both, or "
+                        "CCLITE_RDZV_ENDPOINT=host:port");
+    if (port && !addr)
+      return make_error(errc::bootstrap_error,
+                        "cclite: MASTER_PORT is set but MASTER_ADDR is not; set both, or "
+                        "CCLITE_RDZV_ENDPOINT=host:port");
+    if (addr) {
+      li.rdzv_host = addr;
+      if (li.rdzv_host.size() > 2 && li.rdzv_host.front() == '[' && li.rdzv_host.back() == ']')
+        li.rdzv_host = li.rdzv_host.substr(1, li.rdzv_host.size() - 2);
+      CCLITE_TRY(detail::parse_port("MASTER_PORT", port, li.rdzv_port));
+    }
+  }
+  if (const char* d = env_value(get, "CCLITE_RDZV_DIR")) li.rdzv_dir = d;
+  if (li.size > 1 && li.rdzv_host.empty() && li.rdzv_dir.empty())
+    return make_error(errc::bootstrap_error,
+                      "cclite: rank %d of %d (from %s) has no rendezvous: set CCLITE_RDZV_ENDPOINT=host:port "
+                      "(rank 0 hosts the store) or CCLITE_RDZV_DIR=/shared/dir",
+                      li.rank, li.size, li.source.c_str());
+
+  if (const char* id = env_value(get, "CCLITE_RDZV_ID")) {
+    li.job_id = id;
+  } else if (const char* t = env_value(get, "TORCHELASTIC_RUN_ID")) {
+    li.job_id = t;
+  } else if (const char* j = env_value(get, "SLURM_JOB_ID")) {
+    li.job_id = j;
+    if (const char* step = env_value(get, "SLURM_STEP_ID")) li.job_id += std::string(".") + step;
+  } else if (const char* o = env_value(get, "OMPI_MCA_ess_base_jobid")) {
+    li.job_id = o;
+  } else {
+    li.job_id = "default";
+  }
+  return li;
+}
+
+/// The file-store directory of the job: `<rdzv_dir>/<job id>`, with the job
+/// id made one safe path component (bytes outside [A-Za-z0-9._-] become '_',
+/// "." and ".." get a '_' prefix), so an id like "a/../b" cannot escape.
+inline std::string rdzv_store_dir(const launch_info& li) {
+  std::string id;
+  for (char c : li.job_id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-';
+    id += ok ? c : '_';
+  }
+  if (id.empty() || id == "." || id == "..") id = "_" + id;
+  return li.rdzv_dir + "/" + id;
+}
+
+/// detect_launch() on the process environment (::getenv).
+inline result<launch_info> detect_launch() {
+  return detect_launch([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+}  // namespace cclite

@@ -1,0 +1,92 @@
+// cclite/bootstrap/store.hpp - the key-value store every rank meets at.
+//
+// A store is how ranks find each other before any transport exists (Gloo's
+// rendezvous::Store, PyTorch's TCPStore). cclite ships two:
+//   - tcp::store_client / tcp::store_server  (transports/tcp; rank 0 hosts it)
+//   - file_store                             (a directory every node mounts)
+// Values are opaque byte strings. Every blocking call takes a deadline and
+// returns errc::timeout naming the keys it was waiting for.
+//
+// Thread safety: a store object may be used from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cclite/core/clock.hpp>
+#include <cclite/core/status.hpp>
+
+namespace cclite {
+
+/// Limits shared by all stores and checked on both sides of the wire, so that a
+/// hostile or buggy client can never make a store allocate without bound.
+inline constexpr std::size_t max_store_key_bytes = 4096;
+inline constexpr std::size_t max_store_value_bytes = 64u << 20;
+
+class store {
+ public:
+  virtual ~store() = default;
+
+  /// Sets `key` to `value`, replacing any earlier value. Wakes waiters.
+  virtual status set(const std::string& key, const std::string& value) = 0;
+
+  /// Returns the value of `key`, waiting until it exists or `until` passes.
+  virtual result<std::string> get(const std::string& key, deadline until) = 0;
+
+  /// Atomically adds `delta` to the integer stored at `key` (absent = 0) and
+  /// returns the new value. The integer is stored as decimal text.
+  virtual result<std::int64_t> add(const std::string& key, std::int64_t delta) = 0;
+
+  /// Waits until every key in `keys` exists.
+  virtual status wait(const std::vector<std::string>& keys, deadline until) = 0;
+
+  /// True if `key` exists now (never blocks beyond one round trip).
+  virtual result<bool> check(const std::string& key) = 0;
+};
+
+/// A view of another store with every key prefixed by `prefix` (Gloo's
+/// PrefixStore): lets a communicator and its sub-communicators share one store.
+class prefix_store final : public store {
+ public:
+  prefix_store(store& base, std::string prefix) : base_(base), prefix_(std::move(prefix)) {}
+
+  status set(const std::string& key, const std::string& value) override {
+    return base_.set(prefix_ + key, value);
+  }
+  result<std::string> get(const std::string& key, deadline until) override {
+    return base_.get(prefix_ + key, until);
+  }
+  result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
+    return base_.add(prefix_ + key, delta);
+  }
+  status wait(const std::vector<std::string>& keys, deadline until) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    return base_.wait(full, until);
+  }
+  result<bool> check(const std::string& key) override { return base_.check(prefix_ + key); }
+
+ private:
+  store& base_;
+  std::string prefix_;
+};
+
+/// Every rank publishes `mine` under `key/<rank>` and receives all ranks'
+/// values in rank order. Used at init to exchange peer information.
+inline result<std::vector<std::string>> store_allgather(store& s, const std::string& key, int rank,
+                                                        int size, const std::string& mine,
+                                                        deadline until) {
+  CCLITE_TRY(s.set(key + "/" + std::to_string(rank), mine));
+  std::vector<std::string> all(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    auto v = s.get(key + "/" + std::to_string(r), until);
+    if (!v) return v.error();
+    all[static_cast<std::size_t>(r)] = std::move(v.value());
+  }
+  return all;
+}
+
+}  // namespace cclite

@@ -1,0 +1,54 @@
+// cclite/cclite.hpp - the umbrella header: core plus every transport this build links.
+//
+//   #include <cclite/cclite.hpp>
+//   int main() {
+//     auto comm = cclite::init().value();     // started by cclite-run / torchrun / mpirun
+//     std::vector<float> v(1024, float(comm->rank()));
+//     cclite::check(comm->allreduce(v.data(), v.size()));  // throws / aborts on error
+//   }
+//
+// `cclite::default_communicator` is communicator<shm::transport, tcp::transport>
+// (shared memory inside a node, TCP between nodes), reduced to whichever of
+// the two this build links (targets cclite::shm, cclite::tcp define
+// CCLITE_HAS_SHM / CCLITE_HAS_TCP).
+#pragma once
+
+#include <cclite/config.hpp>
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/env.hpp>
+#include <cclite/core/log.hpp>
+#include <cclite/core/reduce.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/bootstrap/store.hpp>
+#include <cclite/bootstrap/file_store.hpp>
+#include <cclite/bootstrap/memory_store.hpp>
+#include <cclite/bootstrap/launch_env.hpp>
+#include <cclite/topology/topology.hpp>
+#include <cclite/collective/communicator.hpp>
+#include <cclite/collective/init.hpp>
+
+#if defined(CCLITE_HAS_SHM)
+#include <cclite/shm/transport.hpp>
+#endif
+#if defined(CCLITE_HAS_TCP)
+#include <cclite/tcp/transport.hpp>
+#endif
+
+namespace cclite {
+
+#if defined(CCLITE_HAS_SHM) && defined(CCLITE_HAS_TCP)
+using default_communicator = communicator<shm::transport, tcp::transport>;
+#elif defined(CCLITE_HAS_TCP)
+using default_communicator = communicator<tcp::transport>;
+#elif defined(CCLITE_HAS_SHM)
+using default_communicator = communicator<shm::transport>;
+#endif
+
+#if defined(CCLITE_HAS_SHM) || defined(CCLITE_HAS_TCP)
+/// The default communicator, built from the launcher's environment.
+inline result<env_communicator<default_communicator>> init(comm_options opts = {}) {
+  return init_communicator<default_communicator>(std::move(opts));
+}
+#endif
+
+}  // namespace cclite

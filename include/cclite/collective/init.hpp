@@ -1,0 +1,84 @@
+// cclite/collective/init.hpp - build a communicator from the launcher's environment.
+//
+//   auto comm = cclite::init().value();   // cclite-run, torchrun, mpirun, srun
+//
+// Reads rank and size from whichever launcher started the process (see
+// bootstrap/launch_env.hpp), meets the other ranks at CCLITE_RDZV_ENDPOINT /
+// MASTER_ADDR:MASTER_PORT (rank 0 hosts a TCP store there; needs cclite::tcp)
+// or in CCLITE_RDZV_DIR (file store on a shared directory), then connects.
+// Errors: bootstrap_error with one line saying what to set; timeout.
+#pragma once
+
+#include <memory>
+#include <utility>
+
+#include <cclite/bootstrap/file_store.hpp>
+#include <cclite/bootstrap/launch_env.hpp>
+#include <cclite/bootstrap/memory_store.hpp>
+#include <cclite/collective/communicator.hpp>
+
+#if defined(CCLITE_HAS_TCP)
+#include <cclite/tcp/rendezvous.hpp>
+#endif
+
+namespace cclite {
+
+/// A communicator together with the store (and store server) it was built on.
+template <class Comm>
+class env_communicator {
+ public:
+  Comm* operator->() const noexcept { return comm_.get(); }
+  Comm& operator*() const noexcept { return *comm_; }
+  Comm* get() const noexcept { return comm_.get(); }
+  const launch_info& launch() const noexcept { return launch_; }
+
+ private:
+  template <class C>
+  friend result<env_communicator<C>> init_communicator(comm_options);
+  // Declared first so they are destroyed last: the communicator uses the store.
+  std::shared_ptr<void> server_;
+  std::unique_ptr<store> store_;
+  std::unique_ptr<Comm> comm_;
+  launch_info launch_;
+};
+
+/// Builds a `Comm` (a communicator<...>) from the environment.
+template <class Comm>
+result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
+  auto li = detect_launch();
+  if (!li) return li.error();
+  if (opts.timeout.count() == -2) {
+    auto t = env::timeout();
+    if (!t) return t.error();
+    opts.timeout = t.value();
+  }
+  const deadline until = deadline::after(opts.timeout);
+  env_communicator<Comm> out;
+  out.launch_ = li.value();
+  if (li.value().size == 1 && li.value().rdzv_host.empty() && li.value().rdzv_dir.empty()) {
+    out.store_ = std::make_unique<memory_store>();
+  } else {
+#if defined(CCLITE_HAS_TCP)
+    std::unique_ptr<tcp::store_server> server;
+    auto s = tcp::open_store(li.value(), until, &server);
+    if (!s) return s.error();
+    out.store_ = std::move(s.value());
+    out.server_ = std::shared_ptr<tcp::store_server>(std::move(server));
+#else
+    if (li.value().rdzv_dir.empty()) {
+      return make_error(errc::bootstrap_error,
+                        "this build has no TCP rendezvous (cclite::tcp not linked): set "
+                        "CCLITE_RDZV_DIR to a directory every rank can see");
+    }
+    auto s = file_store::open(li.value().rdzv_dir + "/" + li.value().job_id);
+    if (!s) return s.error();
+    out.store_ = std::move(s.value());
+#endif
+  }
+  auto c = Comm::create(*out.store_, li.value().rank, li.value().size, opts);
+  if (!c) return c.error();
+  out.comm_ = std::move(c.value());
+  return out;
+}
+
+}  // namespace cclite

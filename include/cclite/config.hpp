@@ -1,0 +1,41 @@
+// cclite/config.hpp - compile-time configuration shared by every header.
+//
+// Feature macros a user may set before including cclite (or on the command line):
+//   CCLITE_NO_EXCEPTIONS  force the no-exceptions code paths (auto-detected from
+//                         -fno-exceptions otherwise).
+//   CCLITE_NO_THREADS     no background thread is ever started (see issue "embedded").
+//
+// Macros this header defines for the rest of the library:
+//   CCLITE_HAS_EXCEPTIONS 0/1
+//   CCLITE_RESTRICT       `__restrict` where the compiler has it: lets the
+//                         reduction loops vectorise without runtime alias checks.
+//   CCLITE_LIKELY(x) / CCLITE_UNLIKELY(x)
+#pragma once
+
+#define CCLITE_VERSION_MAJOR 0
+#define CCLITE_VERSION_MINOR 1
+#define CCLITE_VERSION_PATCH 0
+
+#if defined(CCLITE_NO_EXCEPTIONS)
+#define CCLITE_HAS_EXCEPTIONS 0
+#elif defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+#define CCLITE_HAS_EXCEPTIONS 1
+#else
+#define CCLITE_HAS_EXCEPTIONS 0
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define CCLITE_RESTRICT __restrict
+#define CCLITE_LIKELY(x) __builtin_expect(!!(x), 1)
+#define CCLITE_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define CCLITE_RESTRICT
+#define CCLITE_LIKELY(x) (x)
+#define CCLITE_UNLIKELY(x) (x)
+#endif
+
+namespace cclite {
+/// Largest element size of any dtype. Link byte streams are kept aligned to it
+/// between collectives so that a receiver never sees an element split in two.
+inline constexpr unsigned max_dtype_size = 8;
+}  // namespace cclite

@@ -1,0 +1,170 @@
+// cclite/core/status.hpp - errors as values: `status` and `result<T>`.
+//
+// Every fallible call in cclite returns a `status` (success or an error code
+// with a message a user can act on) or a `result<T>` (a value or a status).
+// Nothing in the library throws; `result<T>::value()` on an error throws
+// `cclite::error` when exceptions are enabled and aborts with the message
+// otherwise, so callers who prefer exceptions write `comm.allreduce(...).value()`.
+//
+// Recovery semantics (as in Gloo's docs/errors.md): after `timeout`,
+// `peer_lost`, `mismatch` or `aborted` the communicator is unusable; destroy it
+// and build a new one. `invalid_argument` and `unsupported` leave it usable.
+#pragma once
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <cclite/config.hpp>
+
+#if CCLITE_HAS_EXCEPTIONS
+#include <stdexcept>
+#endif
+
+namespace cclite {
+
+/// Error codes. Stable names: they appear in log lines and messages.
+enum class errc : int {
+  ok = 0,
+  invalid_argument,    ///< caller-checkable precondition failed (null buffer, root out of range)
+  timeout,             ///< a deadline (CCLITE_TIMEOUT or a per-call one) passed
+  peer_lost,           ///< a peer died or its connection broke
+  mismatch,            ///< ranks called different collectives / counts / dtypes / ops / roots
+  no_transport,        ///< no transport in the compile-time list can reach a peer
+  unsupported,         ///< combination not available in this build or on this machine
+  system_error,        ///< an OS call failed; the message carries errno text
+  aborted,             ///< communicator::abort() was called
+  protocol_error,      ///< malformed or unexpected bytes from the wire or the store
+  bootstrap_error,     ///< launcher environment missing or contradictory; rendezvous failed
+  resource_exhausted,  ///< out of memory, segments, descriptors
+};
+
+/// Short stable name of an error code ("peer_lost").
+inline const char* to_string(errc e) noexcept {
+  switch (e) {
+    case errc::ok: return "ok";
+    case errc::invalid_argument: return "invalid_argument";
+    case errc::timeout: return "timeout";
+    case errc::peer_lost: return "peer_lost";
+    case errc::mismatch: return "mismatch";
+    case errc::no_transport: return "no_transport";
+    case errc::unsupported: return "unsupported";
+    case errc::system_error: return "system_error";
+    case errc::aborted: return "aborted";
+    case errc::protocol_error: return "protocol_error";
+    case errc::bootstrap_error: return "bootstrap_error";
+    case errc::resource_exhausted: return "resource_exhausted";
+  }
+  return "unknown";
+}
+
+/// Success, or an error code with a human-readable message.
+/// A successful status holds no string and never allocates.
+class [[nodiscard]] status {
+ public:
+  status() noexcept = default;
+  status(errc code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  bool ok() const noexcept { return code_ == errc::ok; }
+  explicit operator bool() const noexcept { return ok(); }
+  errc code() const noexcept { return code_; }
+  const std::string& message() const noexcept { return message_; }
+
+  /// "peer_lost: rank 3 (node1, pid 4242) lost during allreduce #57"
+  std::string to_string() const {
+    if (ok()) return "ok";
+    return std::string(cclite::to_string(code_)) + ": " + message_;
+  }
+
+ private:
+  errc code_ = errc::ok;
+  std::string message_;
+};
+
+/// printf-style constructor for error statuses.
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((format(printf, 2, 3)))
+#endif
+inline status make_error(errc code, const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return status(code, buf);
+}
+
+#if CCLITE_HAS_EXCEPTIONS
+/// Thrown only by result<T>::value() / status_value() on an error.
+class error : public std::runtime_error {
+ public:
+  explicit error(status s) : std::runtime_error(s.to_string()), status_(std::move(s)) {}
+  const cclite::status& get_status() const noexcept { return status_; }
+
+ private:
+  cclite::status status_;
+};
+#endif
+
+namespace detail {
+/// What value() does on an error. Without exceptions the message is printed
+/// and the process aborts (tl::expected / fmt do the same).
+[[noreturn]] inline void fail(const status& s) {
+#if CCLITE_HAS_EXCEPTIONS
+  throw error(s);
+#else
+  std::fprintf(stderr, "cclite: fatal: %s\n", s.to_string().c_str());
+  std::abort();
+#endif
+}
+}  // namespace detail
+
+/// A value of type T, or the status saying why there is none.
+template <class T>
+class [[nodiscard]] result {
+ public:
+  result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  result(status s) : status_(std::move(s)) {     // NOLINT: implicit by design
+    if (status_.ok()) status_ = status(errc::invalid_argument, "result built from an ok status");
+  }
+
+  bool ok() const noexcept { return value_.has_value(); }
+  explicit operator bool() const noexcept { return ok(); }
+  const status& error() const noexcept { return status_; }
+
+  T& value() & {
+    if (!ok()) detail::fail(status_);
+    return *value_;
+  }
+  const T& value() const& {
+    if (!ok()) detail::fail(status_);
+    return *value_;
+  }
+  T&& value() && {
+    if (!ok()) detail::fail(status_);
+    return std::move(*value_);
+  }
+  T* operator->() { return &value(); }
+  T& operator*() & { return value(); }
+
+ private:
+  std::optional<T> value_;
+  status status_;
+};
+
+/// Throws/aborts if `s` is an error; for callers who want exception semantics.
+inline void check(const status& s) {
+  if (!s.ok()) detail::fail(s);
+}
+
+}  // namespace cclite
+
+/// Propagates an error status from an expression returning `status`.
+#define CCLITE_TRY(expr)                          \
+  do {                                            \
+    ::cclite::status cclite_try_s_ = (expr);      \
+    if (!cclite_try_s_.ok()) return cclite_try_s_; \
+  } while (0)

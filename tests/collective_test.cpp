@@ -1,0 +1,156 @@
+// Multi-process broadcast, barrier, async calls, argument errors, abort and
+// deadlines of the communicator, over real shm and loopback TCP.
+#include <cclite/cclite.hpp>
+
+#include <doctest/doctest.h>
+
+#include <thread>
+#include <vector>
+
+#include "support/comm.hpp"
+#include "support/mp.hpp"
+
+using namespace cclite;
+using cclite::test::net;
+
+namespace {
+
+void run(int size, net n, const std::function<int(default_communicator&, store&)>& body,
+         std::chrono::seconds limit = std::chrono::seconds(120)) {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      size,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        return body(*c, *kv);
+      },
+      limit, [&](int rank) { test::set_net_env(n, rank, size); });
+  INFO("size ", size, " net ", test::to_string(n), ": ", r.describe());
+  CHECK(r.all_ok());
+}
+
+int broadcast_all_roots(default_communicator& c, store&) {
+  for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(1009), std::size_t(3u << 20)}) {
+    for (int root = 0; root < c.size(); ++root) {
+      std::vector<std::uint32_t> buf(count);
+      for (std::size_t i = 0; i < count; ++i)
+        buf[i] = c.rank() == root ? static_cast<std::uint32_t>(i * 2654435761u + root) : 0xdeadbeef;
+      MP_REQUIRE_OK(c.broadcast(buf.data(), count, root));
+      for (std::size_t i = 0; i < count; ++i) {
+        if (buf[i] != static_cast<std::uint32_t>(i * 2654435761u + root)) {
+          std::fprintf(stderr, "rank %d: broadcast root %d count %zu: element %zu wrong\n", c.rank(),
+                       root, count, i);
+          return 1;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("broadcast: every root, shm / tcp / mixed") {
+  run(3, net::shm_only, broadcast_all_roots);
+  run(4, net::tcp_only, broadcast_all_roots);
+  run(5, net::mixed, broadcast_all_roots);
+}
+
+TEST_CASE("barrier: nobody leaves before everyone arrived") {
+  run(4, net::mixed, [](default_communicator& c, store& kv) {
+    for (int round = 0; round < 3; ++round) {
+      // Ranks arrive staggered; after the barrier every arrival must be visible.
+      std::this_thread::sleep_for(std::chrono::milliseconds(30 * c.rank()));
+      MP_REQUIRE_OK(kv.set("arrived/" + std::to_string(round) + "/" + std::to_string(c.rank()), "1"));
+      MP_REQUIRE_OK(c.barrier());
+      for (int r = 0; r < c.size(); ++r) {
+        auto has = kv.check("arrived/" + std::to_string(round) + "/" + std::to_string(r));
+        MP_REQUIRE_OK(has);
+        MP_CHECK(has.value());
+      }
+    }
+    return 0;
+  });
+}
+
+TEST_CASE("async: several allreduces in flight, then blocking calls, in order") {
+  run(3, net::shm_only, [](default_communicator& c, store&) {
+    const std::size_t n = 100000;
+    std::vector<std::vector<float>> bufs(8, std::vector<float>(n));
+    std::vector<work> ws;
+    for (std::size_t k = 0; k < bufs.size(); ++k) {
+      for (std::size_t i = 0; i < n; ++i) bufs[k][i] = static_cast<float>(k + c.rank());
+      ws.push_back(c.allreduce_async(bufs[k].data(), n));
+    }
+    std::vector<int> tail(10, c.rank());
+    MP_REQUIRE_OK(c.allreduce(tail.data(), tail.size()));  // queued behind the async ones
+    for (auto& w : ws) MP_REQUIRE_OK(w.wait(std::chrono::seconds(60)));
+    for (std::size_t k = 0; k < bufs.size(); ++k)
+      MP_CHECK(bufs[k][n - 1] == static_cast<float>(3 * k + 3));
+    MP_CHECK(tail[0] == 3);
+    return 0;
+  });
+}
+
+TEST_CASE("argument errors are reported and leave the communicator usable") {
+  run(2, net::shm_only, [](default_communicator& c, store&) {
+    MP_CHECK(c.allreduce(nullptr, nullptr, 4, dtype::float32, reduce_op::sum).code() == errc::invalid_argument);
+    int x = 1;
+    MP_CHECK(c.broadcast(&x, 1, dtype::int32, 7).code() == errc::invalid_argument);
+    MP_CHECK(c.allreduce(&x, &x, 1, static_cast<dtype>(99), reduce_op::sum).code() == errc::invalid_argument);
+    MP_CHECK(c.allreduce(&x, &x, 1, dtype::int32, static_cast<reduce_op>(42)).code() == errc::invalid_argument);
+    MP_CHECK(c.allreduce(&x, &x, SIZE_MAX / 2, dtype::int32, reduce_op::sum).code() == errc::invalid_argument);
+    MP_REQUIRE_OK(c.allreduce(&x, 1));
+    MP_CHECK(x == 2);
+    return 0;
+  });
+}
+
+TEST_CASE("deadline: a rank that never joins the collective gives timeout, not a hang") {
+  ::setenv("CCLITE_TIMEOUT", "1.5", 1);
+  for (net n : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        2,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto made = default_communicator::create(*kv, rank, sz);
+          MP_REQUIRE_OK(made);
+          auto& c = *made.value();
+          if (rank == 1) {
+            std::this_thread::sleep_for(std::chrono::seconds(4));  // stays alive, never calls
+            return 0;
+          }
+          float v = 1;
+          status st = c.allreduce(&v, 1);
+          MP_CHECK(st.code() == errc::timeout);
+          MP_CHECK(st.message().find("allreduce #1") != std::string::npos);
+          // The communicator is now unusable, and says why.
+          MP_CHECK(c.allreduce(&v, 1).code() == errc::timeout);
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) { test::set_net_env(n, rank, 2); });
+    CHECK(r.all_ok());
+  }
+  ::unsetenv("CCLITE_TIMEOUT");
+}
+
+TEST_CASE("abort from another thread unblocks a waiting collective") {
+  run(2, net::shm_only, [](default_communicator& c, store&) {
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      return 0;
+    }
+    std::thread killer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      c.abort();
+    });
+    float v = 1;
+    status st = c.allreduce(&v, 1);
+    killer.join();
+    MP_CHECK(st.code() == errc::aborted);
+    MP_CHECK(c.barrier().code() == errc::aborted);
+    return 0;
+  });
+}

@@ -1,0 +1,285 @@
+// detect_launch(): every launcher's variables, their precedence, and the
+// one-line errors, on fake environments.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <string>
+
+#include <cclite/bootstrap/launch_env.hpp>
+
+using namespace cclite;
+
+namespace {
+
+using env_map = std::map<std::string, std::string>;
+
+result<launch_info> detect(const env_map& env) {
+  return detect_launch([&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+std::string error_of(const env_map& env) {
+  auto r = detect(env);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code() == errc::bootstrap_error);
+  CHECK(r.error().message().find('\n') == std::string::npos);  // one line
+  return r.error().message();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+const env_map endpoint{{"CCLITE_RDZV_ENDPOINT", "node0:29400"}};
+
+env_map with(env_map a, const env_map& b) {
+  for (const auto& kv : b) a[kv.first] = kv.second;
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("explicit CCLITE_RANK / CCLITE_WORLD_SIZE") {
+  auto r = detect(with(endpoint, {{"CCLITE_RANK", "3"},
+                                  {"CCLITE_WORLD_SIZE", "8"},
+                                  {"CCLITE_LOCAL_RANK", "1"},
+                                  {"CCLITE_LOCAL_WORLD_SIZE", "2"},
+                                  {"CCLITE_NODE_RANK", "1"}}));
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->launcher == "explicit");
+  CHECK(r->rank == 3);
+  CHECK(r->size == 8);
+  CHECK(r->local_rank == 1);
+  CHECK(r->local_size == 2);
+  CHECK(r->node_rank == 1);
+  CHECK(r->rdzv_host == "node0");
+  CHECK(r->rdzv_port == 29400);
+  CHECK(r->job_id == "default");
+  CHECK(r->source == "CCLITE_RANK/CCLITE_WORLD_SIZE");
+}
+
+TEST_CASE("torchrun / cclite-run") {
+  env_map env{
+      {"RANK", "5"},       {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "1"},     {"LOCAL_WORLD_SIZE", "4"},
+      {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  auto r = detect(env);
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->launcher == "cclite-run");
+  CHECK(r->rank == 5);
+  CHECK(r->size == 8);
+  CHECK(r->local_rank == 1);
+  CHECK(r->local_size == 4);
+  CHECK(r->node_rank == 1);
+  CHECK(r->rdzv_host == "10.0.0.1");
+  CHECK(r->rdzv_port == 29500);
+
+  env["TORCHELASTIC_RUN_ID"] = "run7";
+  r = detect(env);
+  CHECK(r->launcher == "torchrun");
+  CHECK(r->job_id == "run7");
+
+  env["CCLITE_LAUNCHER"] = "mylauncher";
+  CHECK(detect(env)->launcher == "mylauncher");
+
+  // The CCLITE endpoint wins over MASTER_ADDR/PORT; IPv6 in brackets.
+  env["CCLITE_RDZV_ENDPOINT"] = "[fe80::1]:1234";
+  r = detect(env);
+  CHECK(r->rdzv_host == "fe80::1");
+  CHECK(r->rdzv_port == 1234);
+}
+
+TEST_CASE("Open MPI") {
+  auto r = detect(with(endpoint, {{"OMPI_COMM_WORLD_RANK", "15"},
+                                  {"OMPI_COMM_WORLD_SIZE", "16"},
+                                  {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                                  {"OMPI_MCA_ess_base_jobid", "12345"}}));
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->launcher == "openmpi");
+  CHECK(r->rank == 15);
+  CHECK(r->size == 16);
+  CHECK(r->local_rank == 3);
+  CHECK(r->local_size == 4);
+  CHECK(r->node_rank == -1);
+  CHECK(r->job_id == "12345");
+}
+
+TEST_CASE("PMI (MPICH, Intel MPI)") {
+  auto r = detect(with(endpoint, {{"PMI_RANK", "2"}, {"PMI_SIZE", "4"}}));
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->launcher == "pmi");
+  CHECK(r->rank == 2);
+  CHECK(r->local_rank == -1);
+  CHECK(r->local_size == -1);
+  r = detect(with(
+      endpoint, {{"PMI_RANK", "2"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "0"}, {"MPI_LOCALNRANKS", "2"}}));
+  CHECK(r->local_rank == 0);
+  CHECK(r->local_size == 2);
+}
+
+TEST_CASE("Slurm") {
+  env_map env = with(endpoint, {{"SLURM_PROCID", "6"},
+                                {"SLURM_NTASKS", "8"},
+                                {"SLURM_LOCALID", "2"},
+                                {"SLURM_NTASKS_PER_NODE", "4"},
+                                {"SLURM_NODEID", "1"},
+                                {"SLURM_JOB_ID", "777"},
+                                {"SLURM_STEP_ID", "0"}});
+  auto r = detect(env);
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->launcher == "slurm");
+  CHECK(r->rank == 6);
+  CHECK(r->size == 8);
+  CHECK(r->local_rank == 2);
+  CHECK(r->local_size == 4);
+  CHECK(r->node_rank == 1);
+  CHECK(r->job_id == "777.0");
+
+  env["SLURM_NTASKS_PER_NODE"] = "4(x2)";  // not a plain number: no hint
+  CHECK(detect(env)->local_size == -1);
+  env["SLURM_NTASKS_PER_NODE"] = "2";  // contradicts SLURM_LOCALID=2: dropped
+  CHECK(detect(env)->local_size == -1);
+}
+
+TEST_CASE("precedence: explicit > torchrun > Open MPI > PMI > Slurm") {
+  env_map all = with(endpoint, {{"CCLITE_RANK", "0"},
+                                {"CCLITE_WORLD_SIZE", "2"},
+                                {"RANK", "1"},
+                                {"WORLD_SIZE", "3"},
+                                {"OMPI_COMM_WORLD_RANK", "2"},
+                                {"OMPI_COMM_WORLD_SIZE", "4"},
+                                {"PMI_RANK", "3"},
+                                {"PMI_SIZE", "5"},
+                                {"SLURM_PROCID", "4"},
+                                {"SLURM_NTASKS", "6"}});
+  CHECK(detect(all)->launcher == "explicit");
+  all.erase("CCLITE_RANK");
+  all.erase("CCLITE_WORLD_SIZE");
+  CHECK(detect(all)->launcher == "cclite-run");
+  all.erase("RANK");
+  all.erase("WORLD_SIZE");
+  CHECK(detect(all)->launcher == "openmpi");
+  all.erase("OMPI_COMM_WORLD_RANK");
+  all.erase("OMPI_COMM_WORLD_SIZE");
+  CHECK(detect(all)->launcher == "pmi");
+  all.erase("PMI_RANK");
+  all.erase("PMI_SIZE");
+  auto r = detect(all);
+  CHECK(r->launcher == "slurm");
+  CHECK(r->rank == 4);
+
+  // A stray half pair of a launcher does not hide a complete lower one...
+  all["WORLD_SIZE"] = "16";
+  CHECK(detect(all)->launcher == "slurm");
+  // ...but half of the explicit pair is an error.
+  all["CCLITE_RANK"] = "1";
+  CHECK(contains(error_of(all), "CCLITE_RANK is set but CCLITE_WORLD_SIZE is not"));
+
+  // Job id precedence.
+  env_map ids = with(endpoint, {{"RANK", "0"},
+                                {"WORLD_SIZE", "2"},
+                                {"CCLITE_RDZV_ID", "a"},
+                                {"TORCHELASTIC_RUN_ID", "b"},
+                                {"SLURM_JOB_ID", "c"},
+                                {"OMPI_MCA_ess_base_jobid", "d"}});
+  CHECK(detect(ids)->job_id == "a");
+  ids.erase("CCLITE_RDZV_ID");
+  CHECK(detect(ids)->job_id == "b");
+  ids.erase("TORCHELASTIC_RUN_ID");
+  CHECK(detect(ids)->job_id == "c");
+  ids.erase("SLURM_JOB_ID");
+  CHECK(detect(ids)->job_id == "d");
+}
+
+TEST_CASE("rendezvous sources") {
+  env_map base{{"RANK", "1"}, {"WORLD_SIZE", "2"}};
+  auto r = detect(with(base, {{"CCLITE_RDZV_DIR", "/app/rdzv"}}));
+  REQUIRE(r.ok());
+  CHECK(r->rdzv_host.empty());
+  CHECK(r->rdzv_dir == "/app/rdzv");
+
+  r = detect(with(base, {{"MASTER_ADDR", "[::1]"}, {"MASTER_PORT", "29500"}}));
+  REQUIRE(r.ok());
+  CHECK(r->rdzv_host == "::1");
+
+  // One process needs no rendezvous at all.
+  r = detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  REQUIRE(r.ok());
+  CHECK(r->size == 1);
+  CHECK(r->rdzv_host.empty());
+
+  // Empty variables count as unset.
+  r = detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"CCLITE_RDZV_ENDPOINT", ""}, {"CCLITE_RDZV_DIR", ""}});
+  CHECK(r.ok());
+}
+
+TEST_CASE("errors: one clear line saying what to set") {
+  std::string e = error_of({});
+  CHECK(contains(e, "cannot tell this process's rank: no launcher environment found"));
+  CHECK(contains(e, "RANK/WORLD_SIZE (torchrun, cclite-run)"));
+  CHECK(contains(e, "OMPI_COMM_WORLD_RANK/SIZE (mpirun)"));
+  CHECK(contains(e, "PMI_RANK/PMI_SIZE"));
+  CHECK(contains(e, "SLURM_PROCID/SLURM_NTASKS"));
+  CHECK(contains(e, "set CCLITE_RANK and CCLITE_WORLD_SIZE"));
+
+  CHECK(contains(error_of(with(endpoint, {{"RANK", "5"}, {"WORLD_SIZE", "4"}})), "RANK=5 but WORLD_SIZE=4"));
+  CHECK(contains(error_of(with(endpoint, {{"RANK", "abc"}, {"WORLD_SIZE", "4"}})),
+                 "RANK='abc' is not a non-negative integer"));
+  CHECK(contains(error_of(with(endpoint, {{"RANK", "-1"}, {"WORLD_SIZE", "4"}})), "RANK='-1'"));
+  CHECK(contains(error_of(with(endpoint, {{"RANK", "0"}, {"WORLD_SIZE", "0"}})),
+                 "WORLD_SIZE='0' is not a positive integer"));
+  CHECK(contains(error_of(with(endpoint, {{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}})), "WORLD_SIZE="));
+  CHECK(contains(error_of(with(endpoint, {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "x"}})),
+                 "LOCAL_RANK='x'"));
+  CHECK(contains(
+      error_of(with(endpoint,
+                    {{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}})),
+      "LOCAL_RANK=2 but LOCAL_WORLD_SIZE=2"));
+  CHECK(contains(error_of({{"RANK", "0"}}), "RANK is set but WORLD_SIZE is not"));
+  CHECK(contains(error_of({{"OMPI_COMM_WORLD_SIZE", "4"}}),
+                 "OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not"));
+
+  e = error_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
+  CHECK(contains(
+      e, "set CCLITE_RDZV_ENDPOINT=host:port (rank 0 hosts the store) or CCLITE_RDZV_DIR=/shared/dir"));
+  CHECK(contains(e, "rank 1 of 4 (from OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE)"));
+
+  env_map two{{"RANK", "0"}, {"WORLD_SIZE", "2"}};
+  CHECK(contains(error_of(with(two, {{"CCLITE_RDZV_ENDPOINT", "node0"}})), "has no port"));
+  CHECK(contains(error_of(with(two, {{"CCLITE_RDZV_ENDPOINT", "node0:http"}})),
+                 "a port is a number in 1..65535"));
+  CHECK(contains(error_of(with(two, {{"CCLITE_RDZV_ENDPOINT", "node0:70000"}})), "1..65535"));
+  CHECK(contains(error_of(with(two, {{"CCLITE_RDZV_ENDPOINT", "node0:0"}})), "1..65535"));
+  CHECK(contains(error_of(with(two, {{"CCLITE_RDZV_ENDPOINT", ":29400"}})), "has no host"));
+  CHECK(contains(error_of(with(two, {{"CCLITE_RDZV_ENDPOINT", "fe80::1:29400"}})), "[addr]:port"));
+  CHECK(contains(error_of(with(two, {{"CCLITE_RDZV_ENDPOINT", "[fe80::1]29400"}})), "[ipv6-address]:port"));
+  CHECK(
+      contains(error_of(with(two, {{"MASTER_ADDR", "node0"}})), "MASTER_ADDR is set but MASTER_PORT is not"));
+  CHECK(contains(error_of(with(two, {{"MASTER_PORT", "1"}})), "MASTER_PORT is set but MASTER_ADDR is not"));
+  CHECK(contains(error_of(with(two, {{"MASTER_ADDR", "n"}, {"MASTER_PORT", "x1"}})),
+                 "MASTER_PORT has port 'x1'"));
+  // A malformed port is an error even when one process would not need it.
+  CHECK(
+      contains(error_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"CCLITE_RDZV_ENDPOINT", "h:0"}}), "1..65535"));
+}
+
+TEST_CASE("rdzv_store_dir keeps the job id inside the directory") {
+  launch_info li;
+  li.rdzv_dir = "/app/rdzv";
+  li.job_id = "777.0";
+  CHECK(rdzv_store_dir(li) == "/app/rdzv/777.0");
+  li.job_id = "../../etc";
+  CHECK(rdzv_store_dir(li) == "/app/rdzv/.._.._etc");
+  li.job_id = "..";
+  CHECK(rdzv_store_dir(li) == "/app/rdzv/_..");
+}
+
+TEST_CASE("the process environment overload") {
+  ::setenv("CCLITE_RANK", "0", 1);
+  ::setenv("CCLITE_WORLD_SIZE", "1", 1);
+  auto r = detect_launch();
+  ::unsetenv("CCLITE_RANK");
+  ::unsetenv("CCLITE_WORLD_SIZE");
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->launcher == "explicit");
+}

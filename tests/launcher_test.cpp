@@ -1,0 +1,565 @@
+// tests/launcher_test.cpp - cclite-run, the torchrun-style launcher.
+//
+// Most cases run the real build/bin/cclite-run (found through CCLITE_BIN_DIR,
+// set by ctest) on small /bin/sh workers and check its output, exit status and
+// effect on the workers. The pure pieces (command line, endpoint parsing, line
+// splitting) are also tested directly through tools/run/*.hpp.
+//
+// Elapsed-time bounds here are hang guards with generous margins, never
+// performance assertions.
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../tools/run/job.hpp"
+#include "../tools/run/line_splitter.hpp"
+#include "../tools/run/options.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+std::string launcher_path() {
+  if (const char* dir = std::getenv("CCLITE_BIN_DIR"); dir && *dir)
+    return std::string(dir) + "/cclite-run";
+  // Run by hand: the test binary lives in build/bin/ next to cclite-run.
+  char self[4096] = {};
+  ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string s = n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string("./x");
+  return s.substr(0, s.rfind('/')) + "/cclite-run";
+}
+
+struct run_output {
+  int status = -1;  ///< exit status; 128+N if killed by signal N; -1 if the watchdog fired
+  std::string out;
+  std::string err;
+  double seconds = 0;
+};
+
+/// cclite-run as a child process with its stdout and stderr captured and its
+/// stdin an open pipe that nobody writes (so a worker reading stdin would hang
+/// unless cclite-run gives it /dev/null).
+class launcher {
+ public:
+  explicit launcher(const std::vector<std::string>& args,
+                    const std::vector<std::string>& extra_env = {}) {
+    int in[2], out[2], err[2];
+    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
+    std::string path = launcher_path();
+    std::vector<std::string> full{path};
+    full.insert(full.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+
+    start_ = clock_type::now();
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      // As if started from an interactive shell: a `ctest &` from a script
+      // would otherwise hand down an ignored SIGINT, which cclite-run honours.
+      for (int sig : {SIGINT, SIGQUIT, SIGHUP, SIGPIPE}) ::signal(sig, SIG_DFL);
+      for (const auto& e : extra_env) ::putenv(const_cast<char*>(e.c_str()));
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      ::execv(path.c_str(), argv.data());
+      ::_exit(200);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    ::close(err[1]);
+    stdin_w_ = in[1];
+    out_fd_ = out[0];
+    err_fd_ = err[0];
+  }
+
+  launcher(const launcher&) = delete;
+  launcher& operator=(const launcher&) = delete;
+
+  ~launcher() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    for (int fd : {stdin_w_, out_fd_, err_fd_})
+      if (fd >= 0) ::close(fd);
+  }
+
+  /// Reads output until stdout holds `count` copies of `needle`; false on timeout.
+  bool wait_for_stdout(const std::string& needle, int count, std::chrono::seconds limit) {
+    auto until = clock_type::now() + limit;
+    while (occurrences(out_, needle) < count) {
+      if (clock_type::now() >= until || !pump(until)) return occurrences(out_, needle) >= count;
+    }
+    return true;
+  }
+
+  void send(int sig) { ::kill(pid_, sig); }
+
+  /// Reads everything until cclite-run exits; SIGKILLs it after `limit` (the
+  /// watchdog that turns a hang into a failed test).
+  run_output finish(std::chrono::seconds limit = 60s) {
+    auto until = clock_type::now() + limit;
+    while (pump(until) && clock_type::now() < until) {
+    }
+    run_output r;
+    int st = 0;
+    for (;;) {
+      pid_t w = ::waitpid(pid_, &st, WNOHANG);
+      if (w == pid_) {
+        r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        break;
+      }
+      if (clock_type::now() >= until) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        r.status = -1;
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    reaped_ = true;
+    r.seconds = std::chrono::duration<double>(clock_type::now() - start_).count();
+    r.out = out_;
+    r.err = err_;
+    if (r.status == -1) MESSAGE("watchdog fired; stderr so far:\n" << err_);
+    return r;
+  }
+
+ private:
+  static int occurrences(const std::string& s, const std::string& needle) {
+    int n = 0;
+    for (auto p = s.find(needle); p != std::string::npos; p = s.find(needle, p + 1)) ++n;
+    return n;
+  }
+
+  /// One poll round over stdout and stderr; false once both reached EOF.
+  bool pump(clock_type::time_point until) {
+    pollfd fds[2] = {{out_fd_, POLLIN, 0}, {err_fd_, POLLIN, 0}};
+    if (out_fd_ < 0 && err_fd_ < 0) return false;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - clock_type::now());
+    int timeout = static_cast<int>(std::max<long long>(0, std::min<long long>(ms.count(), 200)));
+    if (::poll(fds, 2, timeout) <= 0) return true;
+    read_into(fds[0], out_fd_, out_);
+    read_into(fds[1], err_fd_, err_);
+    return out_fd_ >= 0 || err_fd_ >= 0;
+  }
+
+  static void read_into(const pollfd& p, int& fd, std::string& into) {
+    if (fd < 0 || p.revents == 0) return;
+    char buf[65536];
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      into.append(buf, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int stdin_w_ = -1, out_fd_ = -1, err_fd_ = -1;
+  std::string out_, err_;
+  clock_type::time_point start_;
+};
+
+run_output run(const std::vector<std::string>& args, std::vector<std::string> env = {}) {
+  launcher l(args, env);
+  return l.finish();
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> lines;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+/// "[rank R]: rest" -> {R, rest} for every line of `s` (REQUIREs the format).
+std::multimap<int, std::string> by_rank(const std::string& s) {
+  std::multimap<int, std::string> m;
+  for (const auto& line : lines_of(s)) {
+    INFO("line: " << line);
+    REQUIRE(line.rfind("[rank ", 0) == 0);
+    auto close = line.find("]: ");
+    REQUIRE(close != std::string::npos);
+    m.emplace(std::stoi(line.substr(6, close - 6)), line.substr(close + 3));
+  }
+  return m;
+}
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+/// Running (a zombie waiting for its reaper counts as dead: it got its signal).
+bool process_alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  auto paren = content.rfind(')');  // "pid (comm) S ..."
+  return paren == std::string::npos || content.compare(paren + 1, 3, " Z ") != 0;
+}
+
+}  // namespace
+
+// ---- the command line, without processes ---------------------------------------
+
+TEST_CASE("options: torchrun spellings and --flag=value parse the same") {
+  using cclite::run::parse_args;
+  using cclite::run::parse_result;
+  auto a =
+      parse_args({"cclite-run", "--nproc-per-node", "4", "--nnodes=2", "--node_rank", "1",
+                  "--rdzv-endpoint=node0:29400", "--rdzv_id", "job7", "./train", "--lr", "0.1"});
+  REQUIRE(a.what == parse_result::action::run);
+  CHECK(a.opts.nproc_per_node == 4);
+  CHECK(a.opts.nnodes == 2);
+  CHECK(a.opts.node_rank == 1);
+  CHECK(a.opts.rdzv_endpoint == "node0:29400");
+  CHECK(a.opts.rdzv_id == "job7");
+  CHECK(a.opts.command == std::vector<std::string>{"./train", "--lr", "0.1"});
+
+  auto b = parse_args({"cclite-run", "--nproc_per_node=3", "--no-prefix", "--timeout", "1.5", "--",
+                       "--not-an-option"});
+  REQUIRE(b.what == parse_result::action::run);
+  CHECK(b.opts.nproc_per_node == 3);
+  CHECK_FALSE(b.opts.prefix);
+  CHECK(b.opts.timeout_s == doctest::Approx(1.5));
+  CHECK(b.opts.command == std::vector<std::string>{"--not-an-option"});
+}
+
+TEST_CASE("options: mistakes are one clear line") {
+  using cclite::run::parse_args;
+  using cclite::run::parse_result;
+  auto err = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "cclite-run");
+    auto r = parse_args(args);
+    CHECK(r.what == parse_result::action::usage_error);
+    CHECK(r.error.find('\n') == std::string::npos);
+    return r.error;
+  };
+  CHECK(contains(err({"--bogus", "x"}), "unknown option '--bogus'"));
+  CHECK(contains(err({"--nproc-per-node", "abc", "x"}), "positive integer"));
+  CHECK(contains(err({"--nproc-per-node", "0", "x"}), "positive integer"));
+  CHECK(contains(err({"--nproc-per-node"}), "needs a value"));
+  CHECK(contains(err({"--nproc-per-node", "2"}), "no program"));
+  CHECK(contains(err({"--nnodes", "2", "x"}), "--node-rank and --rdzv-endpoint"));
+  CHECK(contains(err({"--nnodes", "2", "--node-rank", "0", "x"}), "--rdzv-endpoint"));
+  CHECK(contains(err({"--nnodes", "2", "--rdzv-endpoint", "h:1", "x"}), "--node-rank"));
+  CHECK(contains(err({"--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1", "x"}),
+                 "out of range"));
+  CHECK(contains(err({"--nnodes", "1:4", "x"}), "elastic"));
+  CHECK(contains(err({"--master-port", "70000", "x"}), "1..65535"));
+  CHECK(contains(err({"--max-restarts", "3", "x"}), "not supported"));
+  CHECK(parse_args({"cclite-run", "--help"}).what == parse_result::action::help);
+}
+
+TEST_CASE("rendezvous: endpoint, master flags and defaults") {
+  using namespace cclite::run;
+  auto plan = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "cclite-run");
+    args.push_back("prog");
+    auto p = parse_args(args);
+    REQUIRE(p.what == parse_result::action::run);
+    rendezvous r;
+    REQUIRE(plan_rendezvous(p.opts, r).empty());
+    return r;
+  };
+  auto single = plan({});
+  CHECK(single.master_addr == "127.0.0.1");
+  CHECK(single.master_port == 0);  // chosen at launch
+  REQUIRE(choose_free_port(single).empty());
+  CHECK(single.master_port > 0);
+  CHECK(single.endpoint == "127.0.0.1:" + std::to_string(single.master_port));
+
+  auto ep = plan({"--rdzv-endpoint", "node0"});
+  CHECK(ep.master_addr == "node0");
+  CHECK(ep.master_port == 29400);
+  CHECK(ep.endpoint == "node0:29400");
+
+  auto v6 = plan({"--rdzv-endpoint", "[fe80::1]:1234"});
+  CHECK(v6.master_addr == "fe80::1");
+  CHECK(v6.endpoint == "[fe80::1]:1234");
+
+  auto master = plan({"--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1"});
+  CHECK(master.master_port == 29500);
+  CHECK(master.endpoint == "10.0.0.1:29500");
+
+  host_port hp;
+  CHECK_FALSE(parse_host_port("host:0", 1, hp).empty());
+  CHECK_FALSE(parse_host_port(":80", 1, hp).empty());
+  CHECK_FALSE(parse_host_port("fe80::1:80", 1, hp).empty());  // needs brackets
+}
+
+TEST_CASE("line_splitter: whole prefixed lines, partial line at EOF") {
+  cclite::run::line_splitter s("[rank 2]: ");
+  CHECK(s.feed("hel") == "");
+  CHECK(s.feed("lo\nwor") == "[rank 2]: hello\n");
+  CHECK(s.feed("ld\n\nx") == "[rank 2]: world\n[rank 2]: \n");
+  CHECK(s.finish() == "[rank 2]: x\n");
+  CHECK(s.finish() == "");
+
+  cclite::run::line_splitter plain("");
+  CHECK(plain.feed("a\nb") == "a\n");
+  CHECK(plain.finish() == "b");  // unchanged without a prefix
+
+  cclite::run::line_splitter big("[rank 0]: ");
+  std::string huge(cclite::run::line_splitter::max_pending + 10, 'z');
+  CHECK(big.feed(huge).size() == huge.size() + 11);  // bounded: emitted in a piece
+}
+
+// ---- the real launcher ------------------------------------------------------------
+
+TEST_CASE("launcher: environment of three workers on one node") {
+  auto r = run({"--nproc-per-node", "3", "/bin/sh", "-c",
+                "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT "
+                "$GROUP_RANK $NODE_RANK $CCLITE_RDZV_ENDPOINT $CCLITE_RDZV_ID "
+                "$TORCHELASTIC_RUN_ID\""},
+               {"RANK=99", "WORLD_SIZE=99"});  // an outer launcher's values must not leak
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  auto lines = by_rank(r.out);
+  REQUIRE(lines.size() == 3);
+  std::string port;
+  for (int rank = 0; rank < 3; ++rank) {
+    REQUIRE(lines.count(rank) == 1);
+    std::istringstream in(lines.find(rank)->second);
+    std::string rk, world, local, local_world, addr, p, group, node, endpoint, id, run_id;
+    in >> rk >> world >> local >> local_world >> addr >> p >> group >> node >> endpoint >> id >>
+        run_id;
+    CHECK(rk == std::to_string(rank));
+    CHECK(world == "3");
+    CHECK(local == std::to_string(rank));
+    CHECK(local_world == "3");
+    CHECK(addr == "127.0.0.1");
+    CHECK(std::stoi(p) > 0);
+    CHECK(std::stoi(p) <= 65535);
+    if (rank == 0) port = p;
+    CHECK(p == port);  // one rendezvous port for all
+    CHECK(group == "0");
+    CHECK(node == "0");
+    CHECK(endpoint == "127.0.0.1:" + port);
+    CHECK(id == "none");
+    CHECK(run_id == "none");
+  }
+}
+
+TEST_CASE("launcher: second node of a static multi-node job") {
+  auto r = run({"--nnodes=2", "--node_rank=1", "--nproc_per_node=2", "--rdzv-endpoint=node0:29411",
+                "--rdzv-id=job42", "/bin/sh", "-c",
+                "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $NODE_RANK $MASTER_ADDR "
+                "$MASTER_PORT $CCLITE_RDZV_ENDPOINT $CCLITE_RDZV_ID $TORCHELASTIC_RUN_ID"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  auto lines = by_rank(r.out);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines.find(2)->second == "2 4 0 1 1 node0 29411 node0:29411 job42 job42");
+  CHECK(lines.find(3)->second == "3 4 1 1 1 node0 29411 node0:29411 job42 job42");
+}
+
+TEST_CASE("launcher: --master-addr/--master-port set MASTER_* and the endpoint") {
+  auto r = run({"--master-addr", "10.1.2.3", "--master-port", "29555", "/bin/sh", "-c",
+                "echo $MASTER_ADDR $MASTER_PORT $CCLITE_RDZV_ENDPOINT"});
+  CHECK(r.status == 0);
+  CHECK(r.out == "[rank 0]: 10.1.2.3 29555 10.1.2.3:29555\n");
+}
+
+TEST_CASE("launcher: stdout and stderr keep apart, every line prefixed") {
+  auto r = run({"--nproc-per-node", "2", "/bin/sh", "-c",
+                "echo out-$RANK; echo err-$RANK >&2; printf tail-$RANK"});
+  CHECK(r.status == 0);
+  auto out = by_rank(r.out);
+  CHECK(out.size() == 4);
+  CHECK(contains(r.out, "[rank 0]: out-0\n"));
+  CHECK(contains(r.out, "[rank 1]: out-1\n"));
+  CHECK(contains(r.out, "[rank 1]: tail-1\n"));  // partial last line flushed at EOF
+  CHECK_FALSE(contains(r.out, "err-"));
+  const bool either_order = r.err == "[rank 0]: err-0\n[rank 1]: err-1\n" ||
+                            r.err == "[rank 1]: err-1\n[rank 0]: err-0\n";
+  CHECK_MESSAGE(either_order, r.err);
+}
+
+TEST_CASE("launcher: --no-prefix passes output through unchanged") {
+  auto r = run({"--no-prefix", "/bin/sh", "-c", "printf 'a\\n\\nb'"});
+  CHECK(r.status == 0);
+  CHECK(r.out == "a\n\nb");
+}
+
+TEST_CASE("launcher: lines of busy workers never interleave") {
+  // Lines longer than a typical read so that pipe reads end mid-line.
+  const int per_rank = 2000;
+  auto r = run({"--nproc-per-node", "4", "/bin/sh", "-c",
+                "p=$(printf '%0300d' 0); i=0; while [ $i -lt " + std::to_string(per_rank) +
+                    " ]; do echo \"$RANK $i $p\"; i=$((i+1)); done"});
+  CHECK(r.status == 0);
+  auto lines = by_rank(r.out);
+  CHECK(lines.size() == 4u * per_rank);
+  const std::string pad(300, '0');
+  for (int rank = 0; rank < 4; ++rank) {
+    int expect = 0;
+    auto range = lines.equal_range(rank);
+    for (auto it = range.first; it != range.second; ++it, ++expect) {
+      if (it->second != std::to_string(rank) + " " + std::to_string(expect) + " " + pad) {
+        FAIL("rank " << rank << " line " << expect << " garbled: " << it->second.substr(0, 80));
+      }
+    }
+    CHECK(expect == per_rank);
+  }
+}
+
+TEST_CASE("launcher: workers get /dev/null as stdin") {
+  // Our stdin is an open pipe nobody writes: an inherited stdin would hang `cat`.
+  auto r = run({"--nproc-per-node", "2", "/bin/sh", "-c", "cat; echo done"});
+  CHECK(r.status == 0);
+  CHECK(r.out.size() == std::string("[rank 0]: done\n").size() * 2);
+}
+
+TEST_CASE("launcher: arguments after the program belong to the program") {
+  auto r = run({"/bin/sh", "-c", "echo \"$@\"", "sh", "--nnodes", "5", "--help"});
+  CHECK(r.status == 0);
+  CHECK(r.out == "[rank 0]: --nnodes 5 --help\n");
+}
+
+TEST_CASE("launcher: a failing worker stops the others and sets the exit status") {
+  auto r = run({"--nproc-per-node", "3", "/bin/sh", "-c",
+                "if [ $RANK = 1 ]; then echo last words >&2; exit 3; fi; sleep 60"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 3);
+  CHECK(r.seconds < 30);  // hang guard: the sleepers were stopped, not waited for
+  CHECK(contains(r.err, "[rank 1]: last words\n"));
+  CHECK(contains(r.err, "cclite-run: rank 1 (host "));
+  CHECK(contains(r.err, "exited with status 3; stopping the other 2 workers\n"));
+  // Its own output comes before the verdict.
+  CHECK(r.err.find("last words") < r.err.find("exited with status"));
+}
+
+TEST_CASE("launcher: a worker killed by a signal") {
+  auto r = run({"--nproc-per-node", "2", "/bin/sh", "-c",
+                "if [ $RANK = 0 ]; then ulimit -c 0; kill -SEGV $$; fi; sleep 60"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 128 + SIGSEGV);
+  CHECK(r.seconds < 30);
+  CHECK(contains(r.err, "rank 0 (host "));
+  CHECK(contains(r.err, "killed by signal SIGSEGV"));
+  CHECK(contains(r.err, "stopping the other 1 worker\n"));
+}
+
+TEST_CASE("launcher: a worker's children are stopped with it") {
+  char dir_tmpl[] = "/tmp/cclite-launcher-XXXXXX";
+  REQUIRE(::mkdtemp(dir_tmpl) != nullptr);
+  std::string pid_file = std::string(dir_tmpl) + "/grandchild.pid";
+  // Rank 1 starts a grandchild (its own pipes closed, so only the process
+  // group can reach it), records its pid and fails.
+  auto r = run({"--nproc-per-node", "2", "/bin/sh", "-c",
+                "if [ $RANK = 1 ]; then sleep 60 >/dev/null 2>&1 & echo $! > " + pid_file +
+                    "; sleep 0.3; exit 1; fi; sleep 60"});
+  CHECK(r.status == 1);
+  std::ifstream in(pid_file);
+  pid_t grandchild = 0;
+  in >> grandchild;
+  REQUIRE(grandchild > 0);
+  // It got SIGTERM with its group (allow a moment for delivery).
+  auto until = clock_type::now() + 10s;
+  while (process_alive(grandchild) && clock_type::now() < until) std::this_thread::sleep_for(20ms);
+  CHECK_FALSE(process_alive(grandchild));
+  std::remove(pid_file.c_str());
+  ::rmdir(dir_tmpl);
+}
+
+TEST_CASE("launcher: workers that ignore SIGTERM get SIGKILL after the grace period") {
+  auto r = run({"--nproc-per-node", "2", "/bin/sh", "-c",
+                "if [ $RANK = 0 ]; then sleep 0.3; exit 2; fi; trap '' TERM; sleep 60"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 2);
+  CHECK(r.seconds < 40);  // 5 s grace + margin
+  CHECK(contains(r.err, "rank 1 still running 5 s after SIGTERM; sending SIGKILL"));
+}
+
+TEST_CASE("launcher: SIGTERM is forwarded to every worker") {
+  // Workers loop for at most 30 s, so that a failed test leaves nothing behind.
+  launcher l({"--nproc-per-node", "2", "/bin/sh", "-c",
+              "trap 'echo rank $RANK got TERM; exit 0' TERM; echo ready; "
+              "i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"});
+  REQUIRE(l.wait_for_stdout("ready", 2, 30s));
+  l.send(SIGTERM);
+  auto r = l.finish();
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 128 + SIGTERM);
+  CHECK(contains(r.out, "[rank 0]: rank 0 got TERM\n"));
+  CHECK(contains(r.out, "[rank 1]: rank 1 got TERM\n"));
+  CHECK(contains(r.err, "cclite-run: received SIGTERM; forwarding it to 2 workers"));
+}
+
+TEST_CASE("launcher: SIGINT is forwarded too") {
+  launcher l({"--nproc-per-node", "2", "/bin/sh", "-c",
+              "trap 'echo got INT; exit 5' INT; echo ready; "
+              "i=0; while [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done"});
+  REQUIRE(l.wait_for_stdout("ready", 2, 30s));
+  l.send(SIGINT);
+  auto r = l.finish();
+  CHECK(r.status == 128 + SIGINT);  // our own signal decides, not the workers' reaction
+  CHECK(contains(r.out, "[rank 0]: got INT\n"));
+  CHECK(contains(r.out, "[rank 1]: got INT\n"));
+}
+
+TEST_CASE("launcher: --timeout stops the job with status 124") {
+  auto r = run({"--timeout", "0.5", "--nproc-per-node", "2", "/bin/sh", "-c", "sleep 60"});
+  CHECK(r.status == 124);
+  CHECK(r.seconds < 30);
+  CHECK(contains(r.err, "--timeout 0.5 s"));
+}
+
+TEST_CASE("launcher: a missing program is 127 with one line") {
+  auto r = run({"--nproc-per-node", "3", "cclite-no-such-program"});
+  CHECK(r.status == 127);
+  CHECK(r.err ==
+        "cclite-run: cannot execute 'cclite-no-such-program': No such file or directory\n");
+  CHECK(r.out.empty());
+}
+
+TEST_CASE("launcher: usage errors exit 2 with a hint; --help exits 0") {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--bogus", "/bin/true"},
+           {"--nproc-per-node", "x", "/bin/true"},
+           {"--nproc-per-node", "2"},
+           {},
+       }) {
+    auto r = run(args);
+    INFO("stderr: " << r.err);
+    CHECK(r.status == 2);
+    auto lines = lines_of(r.err);
+    REQUIRE(lines.size() == 2);
+    CHECK(lines[0].rfind("cclite-run: ", 0) == 0);
+    CHECK(contains(lines[1], "--help"));
+  }
+
+  auto multi = run({"--nnodes", "2", "--nproc-per-node", "2", "/bin/true"});
+  CHECK(multi.status == 2);
+  CHECK(contains(multi.err, "--node-rank"));
+  CHECK(contains(multi.err, "--rdzv-endpoint"));
+
+  auto help = run({"--help"});
+  CHECK(help.status == 0);
+  CHECK(contains(help.out, "usage: cclite-run"));
+  CHECK(contains(help.out, "--nproc-per-node"));
+  CHECK(contains(help.out, "examples:"));
+}

@@ -1,0 +1,49 @@
+// tests/support/comm.hpp - building communicators inside forked test ranks.
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include <cclite/cclite.hpp>
+
+#include "support/mp.hpp"
+
+namespace cclite::test {
+
+/// How the ranks of a test reach each other.
+enum class net { shm_only, tcp_only, mixed };
+
+inline const char* to_string(net n) {
+  return n == net::shm_only ? "shm" : n == net::tcp_only ? "tcp" : "mixed";
+}
+
+/// Environment for rank `rank` of `size` under `n`: tcp_only disables shm; mixed
+/// splits the ranks into two fake nodes with CCLITE_HOSTID (first half, second
+/// half), so the ring crosses "nodes" over TCP and stays on shm inside them.
+inline void set_net_env(net n, int rank, int size) {
+  ::unsetenv("CCLITE_SHM_DISABLE");
+  ::unsetenv("CCLITE_TCP_DISABLE");
+  ::unsetenv("CCLITE_HOSTID");
+  if (n == net::tcp_only) ::setenv("CCLITE_SHM_DISABLE", "1", 1);
+  if (n == net::shm_only) ::setenv("CCLITE_TCP_DISABLE", "1", 1);
+  if (n == net::mixed) ::setenv("CCLITE_HOSTID", rank < (size + 1) / 2 ? "fake-node-a" : "fake-node-b", 1);
+}
+
+/// Opens the file store in `dir` (every rank of a test shares it).
+inline std::unique_ptr<store> open_dir_store(const std::string& dir) {
+  auto s = file_store::open(dir);
+  MP_REQUIRE_OK(s);
+  return std::move(s.value());
+}
+
+/// A default_communicator for this rank over `kv`.
+inline std::unique_ptr<default_communicator> make_comm(store& kv, int rank, int size,
+                                                       comm_options opts = {}) {
+  if (opts.timeout.count() == -2) opts.timeout = milliseconds(60000);
+  auto c = default_communicator::create(kv, rank, size, opts);
+  MP_REQUIRE_OK(c);
+  return std::move(c.value());
+}
+
+}  // namespace cclite::test

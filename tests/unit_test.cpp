@@ -1,0 +1,201 @@
+// Single-process unit tests: dtypes, reduction kernels, env parsing, schedules,
+// topology, the async work queue.
+#include <cclite/algorithm/schedule.hpp>
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/env.hpp>
+#include <cclite/core/log.hpp>
+#include <cclite/core/reduce.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/topology/topology.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <ios>
+#include <cstring>
+#include <vector>
+
+using namespace cclite;
+
+TEST_CASE("float16: every bit pattern survives half -> float -> half") {
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    half h{static_cast<std::uint16_t>(b)};
+    float f = to_float(h);
+    half back = to_half(f);
+    if (std::isnan(f)) {
+      CHECK(std::isnan(to_float(back)));
+    } else if (back.bits != h.bits) {
+      FAIL("half 0x" << std::hex << b << " -> " << f << " -> 0x" << back.bits);
+    }
+  }
+  CHECK(to_float(to_half(1.0f)) == 1.0f);
+  CHECK(to_float(to_half(65504.0f)) == 65504.0f);
+  CHECK(std::isinf(to_float(to_half(1e6f))));
+  CHECK(to_half(1.0f + 1.0f / 4096).bits == to_half(1.0f).bits);  // rounds to nearest even
+  CHECK(to_float(half{0x0001}) == std::ldexp(1.0f, -24));         // smallest subnormal
+}
+
+TEST_CASE("bfloat16: conversions round to nearest even") {
+  CHECK(to_float(to_bfloat16(1.0f)) == 1.0f);
+  CHECK(to_float(to_bfloat16(-3.5f)) == -3.5f);
+  CHECK(to_bfloat16(1.0f + 1.0f / 256).bits == to_bfloat16(1.0f).bits);
+  CHECK(std::isnan(to_float(to_bfloat16(std::nanf("")))));
+  for (std::uint32_t b = 0; b < 0x10000; b += 7) {
+    bfloat16 x{static_cast<std::uint16_t>(b)};
+    float f = to_float(x);
+    if (!std::isnan(f)) CHECK(to_bfloat16(f).bits == x.bits);
+  }
+}
+
+TEST_CASE("reduction kernels: every dtype and op against scalar arithmetic") {
+  auto check_type = [](auto tag) {
+    using T = decltype(tag);
+    const std::size_t n = 1003;  // odd: exercises the vector loop's tail
+    std::vector<T> a(n), b(n), out(n), out2(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      a[i] = static_cast<T>(static_cast<int>(i % 11) - 5);
+      b[i] = static_cast<T>(static_cast<int>(i % 7) - 3);
+    }
+    for (int o = 0; o < reduce_op_count; ++o) {
+      auto op = static_cast<reduce_op>(o);
+      reduction r = reduction_for(dtype_of_v<T>, op);
+      REQUIRE(static_cast<bool>(r.inplace));
+      r.copy2(out.data(), out2.data(), a.data(), b.data(), n);
+      std::vector<T> inpl = a;
+      r.inplace(inpl.data(), b.data(), n);
+      for (std::size_t i = 0; i < n; ++i) {
+        T x = a[i], y = b[i], want;
+        switch (op) {
+          case reduce_op::sum: case reduce_op::avg: want = static_cast<T>(x + y); break;
+          case reduce_op::prod: want = static_cast<T>(x * y); break;
+          case reduce_op::min: want = y < x ? y : x; break;
+          default: want = x < y ? y : x; break;
+        }
+        REQUIRE(out[i] == want);
+        REQUIRE(out2[i] == want);
+        REQUIRE(inpl[i] == want);
+      }
+    }
+  };
+  check_type(std::int8_t{});
+  check_type(std::uint8_t{});
+  check_type(std::int32_t{});
+  check_type(std::uint32_t{});
+  check_type(std::int64_t{});
+  check_type(std::uint64_t{});
+  check_type(float{});
+  check_type(double{});
+}
+
+TEST_CASE("reduction kernels: float16 and bfloat16 reduce in float") {
+  std::vector<half> a(5), b(5);
+  std::vector<bfloat16> c(5), d(5);
+  for (int i = 0; i < 5; ++i) {
+    a[i] = to_half(0.5f * i);
+    b[i] = to_half(-0.25f * i);
+    c[i] = to_bfloat16(3.0f * i);
+    d[i] = to_bfloat16(2.0f);
+  }
+  reduction_for(dtype::float16, reduce_op::sum).inplace(a.data(), b.data(), 5);
+  reduction_for(dtype::bfloat16, reduce_op::prod).inplace(c.data(), d.data(), 5);
+  for (int i = 0; i < 5; ++i) {
+    CHECK(to_float(a[i]) == 0.25f * i);
+    CHECK(to_float(c[i]) == 6.0f * i);
+  }
+  reduction_for(dtype::float16, reduce_op::avg).divide(a.data(), 5, 2);
+  CHECK(to_float(a[4]) == 0.5f);
+}
+
+TEST_CASE("signed integer sums wrap instead of overflowing") {
+  std::int8_t a = 127, b = 1;
+  reduction_for(dtype::int8, reduce_op::sum).inplace(&a, &b, 1);
+  CHECK(a == -128);
+  std::int64_t x = INT64_MAX, y = 1;
+  reduction_for(dtype::int64, reduce_op::sum).inplace(&x, &y, 1);
+  CHECK(x == INT64_MIN);
+}
+
+TEST_CASE("invalid dtype or op gives an empty kernel table") {
+  CHECK_FALSE(static_cast<bool>(reduction_for(static_cast<dtype>(77), reduce_op::sum).inplace));
+  CHECK_FALSE(static_cast<bool>(reduction_for(dtype::float32, static_cast<reduce_op>(9)).inplace));
+}
+
+TEST_CASE("segments: balanced split and bounded rounds") {
+  segments s{10, 4};
+  CHECK(s.length(0) == 3);
+  CHECK(s.length(1) == 3);
+  CHECK(s.length(2) == 2);
+  CHECK(s.length(3) == 2);
+  CHECK(s.offset(4) == 10);
+  CHECK(rounds_for(s, 2) == 2);
+  round_part p = part_of(s, 1, 1, 2);
+  CHECK(p.begin == 5);
+  CHECK(p.end == 6);
+  CHECK(part_of(s, 3, 1, 2).size() == 0);
+  CHECK(rounds_for(segments{0, 3}, 8) == 0);
+}
+
+TEST_CASE("env: CCLITE_ first, NCCL_ as fallback, malformed values are errors") {
+  ::setenv("NCCL_SOCKET_IFNAME", "eth", 1);
+  CHECK(env::get_string("SOCKET_IFNAME") == "eth");
+  ::setenv("CCLITE_SOCKET_IFNAME", "ib", 1);
+  CHECK(env::get_string("SOCKET_IFNAME") == "ib");
+  ::unsetenv("CCLITE_SOCKET_IFNAME");
+  ::unsetenv("NCCL_SOCKET_IFNAME");
+  ::setenv("CCLITE_TEST_SIZE", "4M", 1);
+  CHECK(env::get_int("TEST_SIZE", 0).value() == (4 << 20));
+  ::setenv("CCLITE_TEST_SIZE", "four", 1);
+  auto bad = env::get_int("TEST_SIZE", 0);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message().find("CCLITE_TEST_SIZE") != std::string::npos);
+  ::setenv("CCLITE_TIMEOUT", "0.25", 1);
+  CHECK(env::timeout().value().count() == 250);
+  ::setenv("CCLITE_TIMEOUT", "soon", 1);
+  CHECK_FALSE(env::timeout().ok());
+  ::unsetenv("CCLITE_TIMEOUT");
+  CHECK(env::timeout().value().count() == env::default_timeout_seconds * 1000);
+  CHECK(parse_log_level("info") == log_level::info);
+  CHECK(parse_log_level("TRACE") == log_level::trace);
+  CHECK(parse_log_level(nullptr) == log_level::warn);
+}
+
+TEST_CASE("topology: nodes from host ids, local ranks, ring crosses each node boundary once") {
+  std::vector<peer_info> peers(5);
+  const char* hosts[] = {"a", "b", "a", "b", "a"};
+  for (int r = 0; r < 5; ++r) {
+    peers[r].rank = r;
+    peers[r].host_id = hosts[r];
+    peers[r].hostname = hosts[r];
+  }
+  auto t = topology::build(peers).value();
+  CHECK(t.node_count() == 2);
+  CHECK(t.local_rank(4) == 2);
+  CHECK(t.local_size(1) == 2);
+  CHECK(t.ring() == std::vector<int>{0, 2, 4, 1, 3});
+  CHECK(t.ring_next(4) == 1);
+  CHECK(t.ring_prev(0) == 3);
+  peers[3].rank = 1;
+  CHECK(topology::build(peers).error().code() == errc::bootstrap_error);
+}
+
+TEST_CASE("peer_info round-trips through its store encoding") {
+  peer_info p = local_peer_info(3);
+  p.transports = {"shm", "tcp"};
+  auto q = peer_info::parse(p.serialize()).value();
+  CHECK(q.rank == 3);
+  CHECK(q.host_id == p.host_id);
+  CHECK(q.has_transport("tcp"));
+  CHECK_FALSE(peer_info::parse("garbage").ok());
+}
+
+TEST_CASE("result<T>: value or error, never both") {
+  result<int> ok = 5;
+  CHECK(ok.ok());
+  CHECK(ok.value() == 5);
+  result<int> bad = make_error(errc::timeout, "waited %d s", 3);
+  CHECK_FALSE(bad.ok());
+  CHECK(bad.error().to_string() == "timeout: waited 3 s");
+#if CCLITE_HAS_EXCEPTIONS
+  CHECK_THROWS_AS(bad.value(), cclite::error);
+#endif
+}

@@ -1,0 +1,156 @@
+// cclite/tcp/rendezvous.hpp - the store every rank of a job meets at.
+//
+// open_store() turns a launch_info (bootstrap/launch_env.hpp) into a store:
+//   - a job of one process: an in-process memory_store (nothing to meet);
+//   - no endpoint but CCLITE_RDZV_DIR: a file_store in <dir>/<job id>;
+//   - otherwise TCP: rank 0 starts a store_server on the endpoint's port, and
+//     every rank, rank 0 included, connects a store_client to host:port.
+//
+// Where rank 0 listens: on the endpoint's address when the host is a loopback
+// name or address (the job is single-node by construction), or resolves to a
+// non-loopback address of this machine (listen only where asked); otherwise on
+// every address. A host name that resolves to 127.0.1.1 (Debian's /etc/hosts)
+// therefore still gets a server the other nodes can reach.
+//
+// After connecting, ranks compare job ids through the store, so a rank that
+// reached another job's store (a port reused by a concurrent job) fails with a
+// message instead of mixing two jobs.
+#pragma once
+
+#include <cclite/tcp/asio_no_exceptions.hpp>
+
+#include <asio.hpp>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cclite/bootstrap/file_store.hpp>
+#include <cclite/bootstrap/launch_env.hpp>
+#include <cclite/bootstrap/memory_store.hpp>
+#include <cclite/bootstrap/store.hpp>
+#include <cclite/tcp/store_client.hpp>
+#include <cclite/tcp/store_server.hpp>
+
+namespace cclite::tcp {
+
+namespace detail {
+
+// A store that owns the server rank 0 hosts, next to its client: the server
+// lives exactly as long as the store handed to the caller.
+class hosting_store final : public cclite::store {
+ public:
+  hosting_store(std::unique_ptr<store_server> server, std::unique_ptr<cclite::store> client)
+      : server_(std::move(server)), client_(std::move(client)) {}
+  status set(const std::string& k, const std::string& v) override { return client_->set(k, v); }
+  result<std::string> get(const std::string& k, deadline d) override { return client_->get(k, d); }
+  result<std::int64_t> add(const std::string& k, std::int64_t x) override { return client_->add(k, x); }
+  status wait(const std::vector<std::string>& ks, deadline d) override { return client_->wait(ks, d); }
+  result<bool> check(const std::string& k) override { return client_->check(k); }
+
+ private:
+  std::unique_ptr<store_server> server_;  // destroyed after client_
+  std::unique_ptr<cclite::store> client_;
+};
+
+// True if `addr` belongs to this machine: binding a socket to it succeeds.
+inline bool is_local_address(const asio::ip::address& addr) {
+  asio::io_context io(1);
+  asio::ip::udp::socket s(io);
+  asio::error_code ec;
+  s.open(addr.is_v6() ? asio::ip::udp::v6() : asio::ip::udp::v4(), ec);
+  if (ec) return false;
+  s.bind(asio::ip::udp::endpoint(addr, 0), ec);
+  return !ec;
+}
+
+/// The address rank 0's server binds for endpoint host `host` (see the top).
+inline std::string bind_address_for(const std::string& host) {
+  asio::error_code ec;
+  auto literal = asio::ip::make_address(host, ec);
+  if (!ec) {
+    if (literal.is_loopback() || is_local_address(literal)) return host;
+    return literal.is_v6() ? "::" : "0.0.0.0";
+  }
+  asio::io_context io(1);
+  asio::ip::tcp::resolver resolver(io);
+  auto res = resolver.resolve(host, "", ec);
+  if (ec || res.empty()) return "0.0.0.0";
+  bool all_loopback = true, any_v6 = false;
+  for (const auto& e : res) {
+    auto a = e.endpoint().address();
+    any_v6 = any_v6 || a.is_v6();
+    if (!a.is_loopback()) {
+      all_loopback = false;
+      if (is_local_address(a)) return a.to_string();
+    }
+  }
+  if (all_loopback && host == "localhost") return res.begin()->endpoint().address().to_string();
+  return any_v6 && !res.begin()->endpoint().address().is_v4() ? "::" : "0.0.0.0";
+}
+
+}  // namespace detail
+
+/// Opens this rank's store for the job described by `li`; see the top of the
+/// file for which store. Blocks until the store is reachable or `until`.
+/// `hosted`: when non-null and this rank hosts the TCP server, the server is
+/// moved there (keep it alive as long as any rank uses the store); when null,
+/// the returned store owns it. `op_timeout` bounds each later set/add/check.
+/// Errors: errc::invalid_argument for a launch_info without a valid rank and
+/// size; errc::bootstrap_error when there is no way to meet, the port cannot
+/// be bound, the directory is unusable or the store belongs to another job;
+/// errc::timeout when the store is not reachable by `until`.
+inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, deadline until,
+                                                         std::unique_ptr<store_server>* hosted,
+                                                         milliseconds op_timeout = default_store_op_timeout) {
+  if (li.size < 1 || li.rank < 0 || li.rank >= li.size)
+    return make_error(errc::invalid_argument, "open_store: rank %d of size %d; run detect_launch() first",
+                      li.rank, li.size);
+  if (li.size == 1) return std::unique_ptr<cclite::store>(new memory_store());
+
+  if (li.rdzv_host.empty()) {
+    if (li.rdzv_dir.empty())
+      return make_error(errc::bootstrap_error,
+                        "cclite: rank %d of %d has no rendezvous: set CCLITE_RDZV_ENDPOINT=host:port (rank 0 "
+                        "hosts the store) or CCLITE_RDZV_DIR=/shared/dir",
+                        li.rank, li.size);
+    auto fs = file_store::open(rdzv_store_dir(li), op_timeout);
+    if (!fs) return fs.error();
+    return std::unique_ptr<cclite::store>(std::move(fs.value()));
+  }
+
+  std::unique_ptr<store_server> server;
+  if (li.rank == 0) {
+    auto s = store_server::start(detail::bind_address_for(li.rdzv_host), li.rdzv_port);
+    if (!s) return s.error();
+    server = std::move(s.value());
+  }
+  auto c = store_client::connect(li.rdzv_host, li.rdzv_port, until, op_timeout);
+  if (!c) return c.error();
+  std::unique_ptr<cclite::store> client = std::move(c.value());
+
+  const std::string job_key = "cclite/rdzv/job_id";
+  if (li.rank == 0) {
+    CCLITE_TRY(client->set(job_key, li.job_id));
+  } else {
+    auto theirs = client->get(job_key, until);
+    if (!theirs) return theirs.error();
+    if (theirs.value() != li.job_id)
+      return make_error(
+          errc::bootstrap_error,
+          "cclite: the rendezvous store at %s:%u belongs to job '%s' but this rank is in job '%s'; "
+          "is another job using that port? use the same CCLITE_RDZV_ID on every rank, or set "
+          "CCLITE_RDZV_ENDPOINT / MASTER_PORT to a free port",
+          li.rdzv_host.c_str(), unsigned(li.rdzv_port), proto::printable(theirs.value()).c_str(),
+          li.job_id.c_str());
+  }
+  if (!server) return {std::move(client)};
+  if (hosted) {
+    *hosted = std::move(server);
+    return {std::move(client)};
+  }
+  return std::unique_ptr<cclite::store>(new detail::hosting_store(std::move(server), std::move(client)));
+}
+
+}  // namespace cclite::tcp

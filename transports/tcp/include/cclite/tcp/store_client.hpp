@@ -1,0 +1,363 @@
+// cclite/tcp/store_client.hpp - a rank's connection to the TCP rendezvous store.
+//
+// store_client implements cclite::store over one TCP connection to a
+// store_server (usually hosted by rank 0, see rendezvous.hpp). Calls are
+// blocking round trips on a non-blocking socket driven with poll(), so every
+// one of them ends by a deadline:
+//   - get / wait: the caller's deadline (the server itself answers "timeout"
+//     when it passes; the client allows a short grace for the reply);
+//   - set / add / check: the op timeout given to connect().
+// A server that goes away yields errc::peer_lost ("lost connection to the
+// rendezvous store at host:port (rank 0 gone?)"). After any failure in the
+// middle of a round trip the connection is closed (its byte stream can no
+// longer be trusted) and the next call reconnects once; idempotent calls
+// (set, get, wait, check) that find the connection broken retry once on a
+// fresh one, add never does.
+//
+// Thread safety: one thread at a time (as for every cclite::store).
+#pragma once
+
+#include <cclite/tcp/asio_no_exceptions.hpp>
+
+#include <asio.hpp>
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cclite/bootstrap/store.hpp>
+#include <cclite/core/clock.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/tcp/store_protocol.hpp>
+
+namespace cclite::tcp {
+
+/// Bound on set / add / check (and on a reconnect) when connect() is not told otherwise.
+inline constexpr milliseconds default_store_op_timeout{300000};
+
+class store_client final : public cclite::store {
+ public:
+  /// Connects to the store server at host:port (a name, an IPv4 address, or an
+  /// IPv6 address with or without brackets), retrying refused and failed
+  /// connections with backoff until `until`: ranks usually start before rank 0
+  /// has its server up. Sets TCP_NODELAY and checks that the server speaks the
+  /// cclite store protocol.
+  /// Errors: errc::timeout naming the endpoint and the last error when `until`
+  /// passes; errc::protocol_error when something else listens on the port.
+  static result<std::unique_ptr<store_client>> connect(const std::string& host, std::uint16_t port,
+                                                       deadline until,
+                                                       milliseconds op_timeout = default_store_op_timeout) {
+    std::string h = host;
+    if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+    std::unique_ptr<store_client> c(new store_client(std::move(h), port, op_timeout));
+    status st = c->connect_until(until);
+    if (!st.ok()) return st;
+    return {std::move(c)};
+  }
+
+  /// "host:port" of the server, as used in messages.
+  const std::string& endpoint() const noexcept { return endpoint_; }
+
+  status set(const std::string& key, const std::string& value) override {
+    CCLITE_TRY(check_args(key, value.size()));
+    proto::reply_header rh;
+    std::string rv;
+    CCLITE_TRY(call(proto::op::set, key, value, 0, deadline::after(op_timeout_), true, rh, rv));
+    if (rh.status != proto::reply_status::ok)
+      return make_error(errc::resource_exhausted, "store set of key '%s' refused by %s: %s",
+                        proto::printable(key).c_str(), endpoint_.c_str(), rv.c_str());
+    return {};
+  }
+
+  result<std::string> get(const std::string& key, deadline until) override {
+    CCLITE_TRY(check_args(key, 0));
+    auto t0 = clock::now();
+    for (;;) {
+      proto::reply_header rh;
+      std::string rv;
+      auto chunk = until.remaining(max_wait_chunk);
+      CCLITE_TRY(call(proto::op::get, key, {}, static_cast<std::uint32_t>(chunk.count()),
+                      deadline::after(chunk + grace()), true, rh, rv));
+      if (rh.status == proto::reply_status::ok) return rv;
+      if (rh.status == proto::reply_status::error) return server_error(key, rv);
+      if (until.expired())
+        return make_error(errc::timeout,
+                          "timed out after %lld ms waiting for key '%s' in the rendezvous store at %s; "
+                          "did every rank start, with the same job id and endpoint?",
+                          elapsed_ms(t0), proto::printable(key).c_str(), endpoint_.c_str());
+    }
+  }
+
+  result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
+    CCLITE_TRY(check_args(key, 8));
+    proto::reply_header rh;
+    std::string rv;
+    CCLITE_TRY(
+        call(proto::op::add, key, proto::i64_bytes(delta), 0, deadline::after(op_timeout_), false, rh, rv));
+    if (rh.status == proto::reply_status::error) return server_error(key, rv);
+    if (rh.status != proto::reply_status::ok || rv.size() != 8) return bad_reply("add");
+    return proto::get_i64(reinterpret_cast<const std::uint8_t*>(rv.data()));
+  }
+
+  status wait(const std::vector<std::string>& keys, deadline until) override {
+    auto t0 = clock::now();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      CCLITE_TRY(check_args(keys[i], 0));
+      for (;;) {
+        proto::reply_header rh;
+        std::string rv;
+        auto chunk = until.remaining(max_wait_chunk);
+        CCLITE_TRY(call(proto::op::wait, keys[i], {}, static_cast<std::uint32_t>(chunk.count()),
+                        deadline::after(chunk + grace()), true, rh, rv));
+        if (rh.status == proto::reply_status::ok) break;
+        if (rh.status == proto::reply_status::error) return server_error(keys[i], rv);
+        if (until.expired()) return wait_timeout(keys, i, t0);
+      }
+    }
+    return {};
+  }
+
+  result<bool> check(const std::string& key) override {
+    CCLITE_TRY(check_args(key, 0));
+    proto::reply_header rh;
+    std::string rv;
+    CCLITE_TRY(call(proto::op::check, key, {}, 0, deadline::after(op_timeout_), true, rh, rv));
+    if (rh.status == proto::reply_status::error) return server_error(key, rv);
+    if (rh.status != proto::reply_status::ok || rv.size() != 1) return bad_reply("check");
+    return rv[0] != 0;
+  }
+
+ private:
+  // Server-side waits are cut into chunks so that a lost reply or a wedged
+  // server is noticed without waiting out a long (or never-ending) deadline.
+  static constexpr milliseconds max_wait_chunk{30000};
+
+  store_client(std::string host, std::uint16_t port, milliseconds op_timeout)
+      : host_(std::move(host)), port_(port), op_timeout_(op_timeout) {
+    endpoint_ =
+        (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port);
+  }
+
+  milliseconds grace() const { return std::min(op_timeout_, milliseconds(30000)); }
+  static long long elapsed_ms(clock::time_point t0) {
+    return static_cast<long long>(std::chrono::duration_cast<milliseconds>(clock::now() - t0).count());
+  }
+
+  status check_args(const std::string& key, std::size_t value_len) const {
+    if (key.empty() || key.size() > max_store_key_bytes)
+      return make_error(errc::invalid_argument, "store key of %zu bytes (must be 1..%zu)", key.size(),
+                        max_store_key_bytes);
+    if (value_len > max_store_value_bytes)
+      return make_error(errc::invalid_argument, "store value of %zu bytes for key '%s' (max %zu)", value_len,
+                        proto::printable(key).c_str(), max_store_value_bytes);
+    return {};
+  }
+
+  status server_error(const std::string& key, const std::string& msg) const {
+    return make_error(errc::invalid_argument, "rendezvous store at %s rejected key '%s': %s",
+                      endpoint_.c_str(), proto::printable(key).c_str(), proto::printable(msg, 400).c_str());
+  }
+  status bad_reply(const char* what) {
+    close();
+    return make_error(errc::protocol_error, "malformed %s reply from the rendezvous store at %s", what,
+                      endpoint_.c_str());
+  }
+
+  status wait_timeout(const std::vector<std::string>& keys, std::size_t first_missing, clock::time_point t0) {
+    std::string missing;
+    std::size_t n = 0;
+    for (std::size_t i = first_missing; i < keys.size(); ++i) {
+      bool has = false;
+      if (i > first_missing) {
+        auto r = check(keys[i]);
+        has = r.ok() && r.value();
+      }
+      if (has) continue;
+      if (++n <= 8) missing += (missing.empty() ? "'" : ", '") + proto::printable(keys[i], 80) + "'";
+    }
+    if (n > 8) missing += ", ...";
+    return make_error(
+        errc::timeout,
+        "timed out after %lld ms waiting for %zu of %zu keys (%s) in the rendezvous store at %s; "
+        "did every rank start, with the same job id and endpoint?",
+        elapsed_ms(t0), n, keys.size(), missing.c_str(), endpoint_.c_str());
+  }
+
+  void close() {
+    asio::error_code ec;
+    sock_.close(ec);
+  }
+
+  // One attempt over every address of host_, each connect bounded by `until`
+  // and 5 s. On failure `why` says what happened.
+  bool connect_once(deadline until, std::string& why) {
+    close();
+    asio::error_code ec;
+    asio::ip::tcp::resolver resolver(io_);
+    auto eps = resolver.resolve(host_, std::to_string(port_), ec);
+    if (ec) {
+      why = "cannot resolve '" + host_ + "': " + ec.message();
+      return false;
+    }
+    for (const auto& e : eps) {
+      auto ep = e.endpoint();
+      sock_.open(ep.protocol(), ec);
+      if (!ec) sock_.non_blocking(true, ec);
+      if (ec) {
+        why = ec.message();
+        close();
+        continue;
+      }
+      int fd = sock_.native_handle();
+      int rc = ::connect(fd, ep.data(), static_cast<socklen_t>(ep.size()));
+      int err = rc == 0 ? 0 : errno;
+      if (err == EINPROGRESS || err == EINTR) {
+        pollfd p{fd, POLLOUT, 0};
+        int ms =
+            static_cast<int>(deadline::min(until, deadline::after(milliseconds(5000))).remaining().count());
+        int r;
+        do r = ::poll(&p, 1, ms);
+        while (r < 0 && errno == EINTR);
+        socklen_t len = sizeof err;
+        if (r == 0)
+          err = ETIMEDOUT;
+        else if (r < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+          err = errno;
+      }
+      if (err == 0) {
+        sock_.set_option(asio::ip::tcp::no_delay(true), ec);
+        sock_.set_option(asio::socket_base::keep_alive(true), ec);
+        return true;
+      }
+      why = std::strerror(err);
+      close();
+    }
+    if (why.empty()) why = "no address";
+    return false;
+  }
+
+  // Connects and says hello (a check), retrying until `until`: refused while
+  // rank 0 is still starting, or closed at once by a server at its connection
+  // cap, are both worth retrying.
+  status connect_until(deadline until) {
+    auto t0 = clock::now();
+    milliseconds backoff(10);
+    std::string why;
+    for (;;) {
+      if (connect_once(until, why)) {
+        proto::reply_header rh;
+        std::string rv;
+        deadline d = deadline::min(until, deadline::after(op_timeout_));
+        status st = exchange(proto::op::check, "cclite/store/hello", {}, 0, d, rh, rv);
+        if (st.ok()) return st;
+        if (st.code() == errc::protocol_error)
+          return make_error(errc::protocol_error,
+                            "the server at %s does not speak the cclite store protocol; is "
+                            "CCLITE_RDZV_ENDPOINT (or MASTER_ADDR:MASTER_PORT) pointing at another service?",
+                            endpoint_.c_str());
+        why = st.message();
+      }
+      if (until.expired())
+        return make_error(
+            errc::timeout,
+            "could not connect to the rendezvous store at %s within %lld ms (last error: %s); is "
+            "rank 0 running, and do all ranks use the same CCLITE_RDZV_ENDPOINT (or "
+            "MASTER_ADDR:MASTER_PORT)?",
+            endpoint_.c_str(), elapsed_ms(t0), why.c_str());
+      std::this_thread::sleep_for(std::min(backoff, until.remaining()));
+      backoff = std::min(backoff * 2, milliseconds(1000));
+    }
+  }
+
+  // A round trip, reconnecting first if an earlier call broke the connection.
+  // An idempotent op that finds the connection dead retries once.
+  status call(proto::op o, const std::string& key, const std::string& value, std::uint32_t wait_ms,
+              deadline until, bool idempotent, proto::reply_header& rh, std::string& rv) {
+    for (int attempt = 0;; ++attempt) {
+      if (!sock_.is_open()) {
+        std::string why;
+        if (!connect_once(deadline::min(until, deadline::after(op_timeout_)), why))
+          return make_error(errc::peer_lost,
+                            "lost connection to the rendezvous store at %s (rank 0 gone?): %s",
+                            endpoint_.c_str(), why.c_str());
+      }
+      status st = exchange(o, key, value, wait_ms, until, rh, rv);
+      if (st.ok() || st.code() != errc::peer_lost || !idempotent || attempt > 0) return st;
+    }
+  }
+
+  status exchange(proto::op o, const std::string& key, const std::string& value, std::uint32_t wait_ms,
+                  deadline until, proto::reply_header& rh, std::string& rv) {
+    proto::request_header h;
+    h.code = o;
+    h.key_len = static_cast<std::uint32_t>(key.size());
+    h.value_len = static_cast<std::uint32_t>(value.size());
+    h.wait_ms = wait_ms;
+    auto hb = proto::encode(h);
+    std::string head(reinterpret_cast<const char*>(hb.data()), hb.size());
+    head += key;
+    CCLITE_TRY(io(true, &head[0], head.size(), until, o, key));
+    if (!value.empty()) CCLITE_TRY(io(true, const_cast<char*>(value.data()), value.size(), until, o, key));
+    std::uint8_t rb[proto::reply_header_bytes];
+    CCLITE_TRY(io(false, reinterpret_cast<char*>(rb), sizeof rb, until, o, key));
+    if (const char* bad = proto::decode(rb, rh)) {
+      close();
+      return make_error(errc::protocol_error, "bad reply from the rendezvous store at %s: %s",
+                        endpoint_.c_str(), bad);
+    }
+    rv.assign(rh.value_len, '\0');
+    if (rh.value_len) CCLITE_TRY(io(false, &rv[0], rv.size(), until, o, key));
+    return {};
+  }
+
+  // Moves all `n` bytes or fails; any failure closes the connection.
+  status io(bool write, char* p, std::size_t n, deadline until, proto::op o, const std::string& key) {
+    while (n > 0) {
+      asio::error_code ec;
+      std::size_t k =
+          write ? sock_.write_some(asio::buffer(p, n), ec) : sock_.read_some(asio::buffer(p, n), ec);
+      if (!ec) {
+        p += k;
+        n -= k;
+        continue;
+      }
+      if (ec == asio::error::interrupted) continue;
+      if (ec != asio::error::would_block && ec != asio::error::try_again) {
+        close();
+        return make_error(
+            errc::peer_lost,
+            "lost connection to the rendezvous store at %s (rank 0 gone?) during %s of key '%s': %s",
+            endpoint_.c_str(), proto::to_string(o), proto::printable(key).c_str(),
+            ec == asio::error::eof ? "connection closed" : ec.message().c_str());
+      }
+      if (until.expired()) {
+        close();
+        return make_error(errc::timeout,
+                          "the rendezvous store at %s did not answer %s of key '%s' in time; is rank 0 stuck "
+                          "or overloaded?",
+                          endpoint_.c_str(), proto::to_string(o), proto::printable(key).c_str());
+      }
+      pollfd pfd{sock_.native_handle(), static_cast<short>(write ? POLLOUT : POLLIN), 0};
+      (void)::poll(&pfd, 1, static_cast<int>(until.remaining(milliseconds(1000)).count()));
+    }
+    return {};
+  }
+
+  asio::io_context io_{1};
+  asio::ip::tcp::socket sock_{io_};
+  std::string host_;
+  std::uint16_t port_;
+  std::string endpoint_;
+  milliseconds op_timeout_;
+};
+
+}  // namespace cclite::tcp

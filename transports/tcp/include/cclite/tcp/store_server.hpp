@@ -1,0 +1,134 @@
+// cclite/tcp/store_server.hpp - the TCP rendezvous store that rank 0 hosts.
+//
+// store_server keeps the key-value map in memory and serves any number of
+// store_client connections (store_client.hpp) with the protocol of
+// store_protocol.hpp. It runs standalone Asio on ONE background thread, so the
+// map needs no lock and every connection is asynchronous: a stalled or hostile
+// client never holds up the others.
+//
+// Robustness (the port is reachable by anything on the network):
+//   - every header is validated before its body is read; a malformed or
+//     truncated frame drops only that connection, with one stderr line
+//     ("cclite tcp store: dropped client 1.2.3.4:5555: bad magic");
+//   - a body buffer grows with the bytes actually received, never past the
+//     validated length, so a header that announces 64 MiB costs nothing;
+//   - a connection that stalls mid-frame, or sends no valid request at all,
+//     is dropped after server_options::idle_timeout;
+//   - at most server_options::max_connections are open; more are refused;
+//   - the stored bytes are capped by server_options::max_total_bytes;
+//   - log lines are rate limited, so a flood cannot flood stderr.
+#pragma once
+
+#include <cclite/tcp/asio_no_exceptions.hpp>
+
+#include <asio.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <cclite/bootstrap/store.hpp>
+#include <cclite/core/clock.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/tcp/store_protocol.hpp>
+
+namespace cclite::tcp {
+
+/// Limits of a store_server. The defaults suit a job of up to ~16k ranks.
+struct server_options {
+  /// A connection that makes no progress this long in the middle of a frame
+  /// (or while its reply is being written), or that sends no valid request
+  /// this long after connecting, is dropped.
+  std::chrono::milliseconds idle_timeout{60000};
+  /// Idle limit between requests for a client that already sent a valid
+  /// request; 0 = none, because ranks keep their connection for the whole job
+  /// and may stay quiet for hours.
+  std::chrono::milliseconds established_idle_timeout{0};
+  /// Connections beyond this are accepted and closed at once.
+  std::size_t max_connections = 16384;
+  /// Total key + value bytes held; a set past it gets an error reply.
+  std::size_t max_total_bytes = std::size_t(4) << 30;
+  /// Write a line to stderr for each dropped or refused client.
+  bool log = true;
+};
+
+/// The TCP store server. Create with start(); the destructor closes every
+/// connection and joins the thread. All public members are thread-safe.
+class store_server {
+ public:
+  /// Listens on bind_host:port ("" or "0.0.0.0" = every IPv4 address, "::" =
+  /// every address; port 0 = an ephemeral port, see port()) with SO_REUSEADDR
+  /// and starts serving on a background thread.
+  /// Errors: errc::bootstrap_error when the host does not resolve or the port
+  /// cannot be bound (the message says which and how to pick another port);
+  /// errc::unsupported under CCLITE_NO_THREADS.
+  static result<std::unique_ptr<store_server>> start(const std::string& bind_host, std::uint16_t port,
+                                                     server_options opts = {});
+  ~store_server();
+  store_server(const store_server&) = delete;
+  store_server& operator=(const store_server&) = delete;
+
+  /// The bound port (the ephemeral one when started with port 0).
+  std::uint16_t port() const noexcept { return port_; }
+  /// The bound address as "host:port" (for messages).
+  const std::string& address() const noexcept { return address_; }
+  /// Connections open now.
+  std::size_t connections() const noexcept { return n_conn_.load(); }
+  /// Connections dropped for a protocol violation or a timeout, so far.
+  std::uint64_t dropped() const noexcept { return n_dropped_.load(); }
+  /// Connections refused because max_connections were open, so far.
+  std::uint64_t refused() const noexcept { return n_refused_.load(); }
+
+ private:
+  class session;
+  using value_ptr = std::shared_ptr<const std::string>;
+
+  explicit store_server(server_options o) : opts_(o) {}
+  void accept_next();
+  void shutdown_all();
+  void wake(const std::string& key);
+  void remove_waiter(const std::string& key, const session* s);
+  void log(const char* fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+      __attribute__((format(printf, 2, 3)))
+#endif
+      ;
+
+  // Declared first so that it is destroyed last: sockets and timers below
+  // belong to it.
+  asio::io_context io_{1};
+  asio::ip::tcp::acceptor acceptor_{io_};
+  asio::steady_timer accept_retry_{io_};
+  server_options opts_;
+  std::thread thread_;
+  std::uint16_t port_ = 0;
+  std::string address_;
+
+  // Touched on the io thread only.
+  bool stopping_ = false;
+  std::uint64_t next_id_ = 1;
+  std::unordered_map<std::uint64_t, std::shared_ptr<session>> sessions_;
+  std::unordered_map<std::string, value_ptr> data_;
+  std::size_t data_bytes_ = 0;
+  std::unordered_map<std::string, std::vector<std::shared_ptr<session>>> waiters_;
+  clock::time_point log_window_{};
+  int log_lines_ = 0;
+  std::uint64_t log_suppressed_ = 0;
+
+  std::atomic<std::size_t> n_conn_{0};
+  std::atomic<std::uint64_t> n_dropped_{0};
+  std::atomic<std::uint64_t> n_refused_{0};
+};
+
+}  // namespace cclite::tcp
+
+#include <cclite/tcp/detail/store_session.hpp>

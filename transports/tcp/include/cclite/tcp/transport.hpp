@@ -1,0 +1,473 @@
+// cclite/tcp/transport.hpp - the TCP transport: reaches any peer, on any host.
+//
+//   publish()        picks the interface (ifname.hpp), listens on its address
+//                    with an ephemeral port, and sets store key "tcp/<rank>" to
+//                    "addr:port" ("[addr]:port" for IPv6).
+//   connect(p, t)    lower rank of the pair: connects nsocks sockets to the
+//                    higher rank's address (retrying refused connections with
+//                    backoff until `t`), sends a hello on each (hello.hpp) and
+//                    waits for the acks. Higher rank: accepts until it holds
+//                    all nsocks sockets of rank p, keeping sockets of other
+//                    peers for their own connect(), then acks them.
+//                    Connections that are not from this job (bad magic, other
+//                    job tag, wrong rank, bad index, silent for 30 s) are
+//                    logged with one WARN line and closed; the job goes on.
+//
+// Environment (read by publish()):
+//   CCLITE_SOCKET_IFNAME / NCCL_SOCKET_IFNAME   interface (see ifname.hpp)
+//   CCLITE_SOCKET_FAMILY / NCCL_SOCKET_FAMILY   AF_INET or AF_INET6
+//   CCLITE_NSOCKS        sockets per peer pair, 1..16 (default 2)
+//   CCLITE_TCP_BUFFSIZE  bytes of each staging ring (send, recv) per peer,
+//                        multiple of 4096 (default 4M)
+//   CCLITE_TCP_BLOCK     striping block, multiple of 4096 (default 128K)
+//   CCLITE_TCP_SOCKBUF   SO_SNDBUF/SO_RCVBUF; 0 = kernel autotuning (default 0)
+//   CCLITE_TCP_DISABLE=1 turns the transport off (enabled() is false)
+// For a pair, the connecting (lower) rank's NSOCKS and BLOCK win.
+//
+// Memory: 2 x CCLITE_TCP_BUFFSIZE per TCP peer, mapped at connect().
+// Thread safety: one thread at a time per transport and per link.
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <cclite/bootstrap/store.hpp>
+#include <cclite/core/clock.hpp>
+#include <cclite/core/env.hpp>
+#include <cclite/core/log.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/tcp/hello.hpp>
+#include <cclite/tcp/ifname.hpp>
+#include <cclite/tcp/link.hpp>
+#include <cclite/tcp/socket.hpp>
+#include <cclite/transport/concept.hpp>
+
+namespace cclite::tcp {
+
+/// Settings of the TCP data path, from the environment.
+struct transport_config {
+  int nsocks = 2;
+  std::size_t buffsize = 4u << 20;
+  std::size_t block = 128u << 10;
+  int sockbuf = 0;
+
+  /// Reads CCLITE_NSOCKS, CCLITE_TCP_BUFFSIZE, CCLITE_TCP_BLOCK, CCLITE_TCP_SOCKBUF.
+  /// Errors: invalid_argument naming the variable and its accepted range.
+  static result<transport_config> from_env() {
+    transport_config c;
+    auto ns = env::get_int("NSOCKS", 2);
+    if (!ns) return ns.error();
+    if (ns.value() < 1 || ns.value() > max_nsocks) {
+      return make_error(errc::invalid_argument, "CCLITE_NSOCKS=%lld is out of range (1..%d)",
+                        (long long)ns.value(), max_nsocks);
+    }
+    c.nsocks = static_cast<int>(ns.value());
+    auto bs = env::get_int("TCP_BUFFSIZE", 4 << 20, false);
+    if (!bs) return bs.error();
+    if (bs.value() < 4096 || bs.value() % 4096 != 0 || bs.value() > (std::int64_t(1) << 32)) {
+      return make_error(errc::invalid_argument,
+                        "CCLITE_TCP_BUFFSIZE=%lld must be a multiple of 4096 between 4K and 4G",
+                        (long long)bs.value());
+    }
+    c.buffsize = static_cast<std::size_t>(bs.value());
+    auto bl = env::get_int("TCP_BLOCK", 128 << 10, false);
+    if (!bl) return bl.error();
+    if (bl.value() < min_block || bl.value() > max_block || bl.value() % 4096 != 0) {
+      return make_error(errc::invalid_argument,
+                        "CCLITE_TCP_BLOCK=%lld must be a multiple of 4096 between 4K and 64M",
+                        (long long)bl.value());
+    }
+    c.block = static_cast<std::size_t>(bl.value());
+    auto sb = env::get_int("TCP_SOCKBUF", 0, false);
+    if (!sb) return sb.error();
+    if (sb.value() < 0 || sb.value() > (std::int64_t(1) << 30)) {
+      return make_error(errc::invalid_argument, "CCLITE_TCP_SOCKBUF=%lld must be between 0 and 1G",
+                        (long long)sb.value());
+    }
+    c.sockbuf = static_cast<int>(sb.value());
+    return c;
+  }
+};
+
+/// The TCP transport (models cclite::is_transport_v). See the file comment.
+class transport {
+ public:
+  using link_type = tcp::link;
+  static constexpr const char* name = "tcp";
+
+  /// False when CCLITE_TCP_DISABLE=1. Errors: invalid_argument (not a boolean).
+  static result<bool> enabled() {
+    auto off = env::get_bool("TCP_DISABLE", false, false);
+    if (!off) return off.error();
+    return !off.value();
+  }
+
+  /// Cheap; no I/O. `ctx` must outlive the transport.
+  explicit transport(const transport_context& ctx) : ctx_(ctx), job_hash_(fnv1a64(ctx.job_tag)) {
+    if (!ctx_.log) own_log_ = std::make_unique<logger>(ctx_.rank);
+  }
+
+  /// Listens on the chosen interface and publishes "tcp/<rank>" = "addr:port".
+  /// Errors: invalid_argument (bad environment), unsupported (no interface),
+  /// system_error (socket calls), and whatever the store returns.
+  status publish() {
+    if (listener_.valid()) return {};
+    if (!ctx_.kv) return make_error(errc::invalid_argument, "tcp::transport needs a store (ctx.kv is null)");
+    auto cfg = transport_config::from_env();
+    if (!cfg) return cfg.error();
+    cfg_ = cfg.value();
+    auto iface = choose_interface();
+    if (!iface) return iface.error();
+    auto listener = detail::listen_on(endpoint::from(iface->iface.addr), cfg_.sockbuf);
+    if (!listener) return listener.error();
+    auto local = detail::local_endpoint(listener->get());
+    if (!local) return local.error();
+    listener_ = std::move(listener.value());
+    address_ = local->to_string();
+    CCLITE_INFO(log(), "tcp: listening on %s %s via %s; nsocks %d, block %zu, buffers 2 x %zu per peer",
+                iface->iface.name.c_str(), address_.c_str(), iface->reason.c_str(), cfg_.nsocks,
+                cfg_.block, cfg_.buffsize);
+    return ctx_.kv->set(key(ctx_.rank), address_);
+  }
+
+  /// True for every peer but ourselves: TCP reaches other hosts and this one.
+  bool can_connect(const peer_info& self, const peer_info& peer) const {
+    return self.rank != peer.rank;
+  }
+
+  /// Connects to `peer`; both ranks of the pair call it (see concept.hpp for
+  /// the order). Errors: timeout (naming the peer and the address), aborted,
+  /// peer_lost, protocol_error (the peer's address answered like something
+  /// else), invalid_argument (bad peer, publish() not called), resource_exhausted.
+  result<link> connect(int peer, deadline until) {
+    if (!listener_.valid()) {
+      return make_error(errc::invalid_argument, "tcp::transport::connect(%d) before publish()", peer);
+    }
+    if (peer < 0 || peer >= ctx_.size || peer == ctx_.rank) {
+      return make_error(errc::invalid_argument, "tcp::transport::connect(%d): not a peer of rank %d of %d",
+                        peer, ctx_.rank, ctx_.size);
+    }
+    return ctx_.rank < peer ? connect_to(peer, until) : accept_from(peer, until);
+  }
+
+  /// "addr:port" this rank listens on (empty before publish()).
+  const std::string& address() const noexcept { return address_; }
+  const transport_config& config() const noexcept { return cfg_; }
+
+ private:
+  static constexpr auto hello_timeout = std::chrono::seconds(30);
+  static constexpr std::size_t max_handshaking = 256;
+  static constexpr auto refused_limit = std::chrono::seconds(10);
+
+  struct handshaking {
+    socket_fd fd;
+    std::string from;  // "addr:port" of the remote end, for WARN lines
+    clock::time_point since;
+    std::uint8_t buf[hello_bytes] = {};
+    std::size_t got = 0;
+  };
+  struct arrived {
+    socket_fd fd;
+    hello h;
+  };
+
+  static std::string key(int rank) { return "tcp/" + std::to_string(rank); }
+  const logger& log() const { return ctx_.log ? *ctx_.log : *own_log_; }
+  std::string describe(int r) const {
+    if (ctx_.peers && r >= 0 && static_cast<std::size_t>(r) < ctx_.peers->size()) {
+      const peer_info& p = ctx_.peer(r);
+      if (p.rank == r) return p.describe();
+    }
+    return "rank " + std::to_string(r);
+  }
+  static double since(clock::time_point t) {
+    return std::chrono::duration<double>(clock::now() - t).count();
+  }
+
+  // ---- lower rank: connect, hello, wait for acks ----------------------------
+
+  result<link> connect_to(int peer, deadline until) {
+    auto start = clock::now();
+    auto text = ctx_.kv->get(key(peer), until);
+    if (!text) {
+      return status(text.error().code(), "cannot find the tcp address of " + describe(peer) +
+                                             " in the store: " + text.error().message());
+    }
+    auto ep = endpoint::parse(text.value());
+    if (!ep) return ep.error();
+    std::string what = "connecting to " + describe(peer) + " at " + ep->to_string() + " over tcp";
+    socket_fd socks[max_nsocks];
+    const int n = cfg_.nsocks;
+    for (int i = 0; i < n; ++i) {
+      auto s = dial(ep.value(), until, what, start);
+      if (!s) return s.error();
+      socks[i] = std::move(s.value());
+      hello h;
+      h.job_hash = job_hash_;
+      h.from_rank = ctx_.rank;
+      h.to_rank = peer;
+      h.sock_index = static_cast<std::uint32_t>(i);
+      h.nsocks = static_cast<std::uint32_t>(n);
+      h.block = static_cast<std::uint32_t>(cfg_.block);
+      std::uint8_t frame[hello_bytes];
+      encode(h, frame);
+      CCLITE_TRY(annotate(detail::write_all(socks[i].get(), frame, hello_bytes, until, ctx_.aborted, what.c_str()), start));
+    }
+    for (int i = 0; i < n; ++i) {
+      std::uint8_t frame[hello_bytes];
+      std::string waiting = what + " (waiting for its handshake reply)";
+      CCLITE_TRY(annotate(detail::read_exact(socks[i].get(), frame, hello_bytes, until, ctx_.aborted, waiting.c_str()), start));
+      hello a = decode(frame);
+      if (!a.is_ack() || a.job_hash != job_hash_ || a.from_rank != peer || a.to_rank != ctx_.rank ||
+          a.sock_index != static_cast<std::uint32_t>(i) || a.nsocks != static_cast<std::uint32_t>(n) ||
+          a.block != cfg_.block) {
+        return make_error(errc::protocol_error,
+                          "%s: socket %d got a reply that is not this job's handshake ack (from rank "
+                          "%d to %d, index %u of %u); is another process using that address?",
+                          what.c_str(), i, a.from_rank, a.to_rank, a.sock_index, a.nsocks);
+      }
+    }
+    CCLITE_TRACE(log(), "tcp: connected to %s at %s with %d sockets", describe(peer).c_str(),
+                 ep->to_string().c_str(), n);
+    return link::create(peer, describe(peer), socks, n, cfg_.block, cfg_.buffsize, ctx_.aborted);
+  }
+
+  // timeout/aborted statuses from the setup helpers get the elapsed time and a hint.
+  status annotate(status s, clock::time_point start) const {
+    if (s.code() == errc::timeout) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, " (after %.1f s)", since(start));
+      return status(errc::timeout, s.message() + buf);
+    }
+    return s;
+  }
+
+  static bool retryable(int e) {
+    return e == ECONNREFUSED || e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH ||
+           e == ECONNRESET || e == EAGAIN || e == ECONNABORTED;
+  }
+
+  // One connected socket to `ep`; refused/unreachable attempts are retried with
+  // backoff (5 ms doubling to 500 ms) until `until`. The address is published
+  // only after listen(), so refusals that go on for refused_limit mean the peer's
+  // listener is gone (process dead, transport destroyed): peer_lost rather than
+  // waiting out a 30-minute CCLITE_TIMEOUT.
+  result<socket_fd> dial(const endpoint& ep, deadline until, const std::string& what,
+                         clock::time_point start) {
+    milliseconds backoff(5);
+    int last = 0;
+    clock::time_point refused_since{};
+    for (;;) {
+      if (ctx_.is_aborted()) return make_error(errc::aborted, "communicator aborted while %s", what.c_str());
+      if (until.expired()) {
+        return make_error(errc::timeout, "timed out after %.1f s %s (last error: %s); check that the "
+                          "peer is running and this host can reach that address (CCLITE_SOCKET_IFNAME, firewall)",
+                          since(start), what.c_str(), last ? detail::errno_text(last).c_str() : "none");
+      }
+      auto s = detail::make_socket(ep.family());
+      if (!s) return s.error();
+      CCLITE_TRY(detail::set_socket_options(s->get(), cfg_.sockbuf));
+      int e = 0;
+      if (::connect(s->get(), ep.sa(), ep.size()) != 0) {
+        e = errno;
+        if (e == EINPROGRESS || e == EINTR) {
+          e = EINPROGRESS;
+          while (e == EINPROGRESS) {
+            if (ctx_.is_aborted() || until.expired()) break;
+            if (detail::poll_one(s->get(), POLLOUT, until.remaining(milliseconds(50))) != 0) {
+              socklen_t len = sizeof e;
+              if (::getsockopt(s->get(), SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+            }
+          }
+          if (e == EINPROGRESS) continue;  // aborted or expired: reported above
+        }
+      }
+      if (e == 0) return std::move(s.value());
+      last = e;
+      if (e != ECONNREFUSED) {
+        refused_since = {};
+      } else if (refused_since == clock::time_point{}) {
+        refused_since = clock::now();
+      } else if (clock::now() - refused_since > refused_limit) {
+        return make_error(errc::peer_lost,
+                          "%s: connection refused for %.0f s; the peer's listener is gone (process "
+                          "exited or its communicator was destroyed)",
+                          what.c_str(), std::chrono::duration<double>(refused_limit).count());
+      }
+      if (!retryable(e)) {
+        return make_error(errc::system_error, "%s: connect() failed: %s", what.c_str(),
+                          detail::errno_text(e).c_str());
+      }
+      std::this_thread::sleep_for(std::min(backoff, until.remaining(backoff)));
+      backoff = std::min(backoff * 2, milliseconds(500));
+    }
+  }
+
+  // ---- higher rank: accept, validate hellos, ack ---------------------------
+
+  result<link> accept_from(int peer, deadline until) {
+    auto start = clock::now();
+    std::vector<pollfd> fds;
+    for (;;) {
+      service_listener();
+      int n = 0, have = 0;
+      for (const auto& a : arrived_) {
+        if (a.h.from_rank == peer) {
+          n = static_cast<int>(a.h.nsocks);
+          ++have;
+        }
+      }
+      if (n > 0 && have == n) break;
+      if (ctx_.is_aborted()) {
+        return make_error(errc::aborted, "communicator aborted while waiting for %s to connect over tcp",
+                          describe(peer).c_str());
+      }
+      if (until.expired()) {
+        return make_error(errc::timeout,
+                          "timed out after %.1f s waiting for %s to connect to %s over tcp (%d of %d "
+                          "sockets arrived); check that it is running and can reach this address "
+                          "(CCLITE_SOCKET_IFNAME, firewall)",
+                          since(start), describe(peer).c_str(), address_.c_str(), have,
+                          n > 0 ? n : cfg_.nsocks);
+      }
+      fds.clear();
+      fds.push_back(pollfd{listener_.get(), POLLIN, 0});
+      for (const auto& h : handshaking_) fds.push_back(pollfd{h.fd.get(), POLLIN, 0});
+      (void)::poll(fds.data(), static_cast<nfds_t>(fds.size()),
+                   static_cast<int>(until.remaining(milliseconds(50)).count()));
+    }
+
+    // Take the peer's sockets out of arrived_, in index order.
+    socket_fd socks[max_nsocks];
+    int n = 0;
+    std::size_t block = 0;
+    for (std::size_t i = 0; i < arrived_.size();) {
+      if (arrived_[i].h.from_rank != peer) {
+        ++i;
+        continue;
+      }
+      n = static_cast<int>(arrived_[i].h.nsocks);
+      block = arrived_[i].h.block;
+      socks[arrived_[i].h.sock_index] = std::move(arrived_[i].fd);
+      arrived_[i] = std::move(arrived_.back());
+      arrived_.pop_back();
+    }
+    if (n != cfg_.nsocks || block != cfg_.block) {
+      CCLITE_INFO(log(), "tcp: %s connects with nsocks %d, block %zu (this rank has %d, %zu): the "
+                  "connecting rank's settings are used", describe(peer).c_str(), n, block,
+                  cfg_.nsocks, cfg_.block);
+    }
+    std::string what = "acknowledging the tcp connection of " + describe(peer);
+    for (int i = 0; i < n; ++i) {
+      hello a;
+      std::memcpy(a.magic, "CCTA", 4);
+      a.job_hash = job_hash_;
+      a.from_rank = ctx_.rank;
+      a.to_rank = peer;
+      a.sock_index = static_cast<std::uint32_t>(i);
+      a.nsocks = static_cast<std::uint32_t>(n);
+      a.block = static_cast<std::uint32_t>(block);
+      std::uint8_t frame[hello_bytes];
+      encode(a, frame);
+      CCLITE_TRY(annotate(detail::write_all(socks[i].get(), frame, hello_bytes, until, ctx_.aborted, what.c_str()), start));
+    }
+    CCLITE_TRACE(log(), "tcp: accepted %s with %d sockets", describe(peer).c_str(), n);
+    return link::create(peer, describe(peer), socks, n, block, cfg_.buffsize, ctx_.aborted);
+  }
+
+  // Accepts whatever is pending, reads hellos, moves valid ones to arrived_
+  // and closes strangers with one WARN line each. Never fails the job.
+  void service_listener() {
+    for (;;) {
+      sockaddr_storage from{};
+      socklen_t len = sizeof from;
+      int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&from), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          CCLITE_WARN(log(), "tcp: accept() on %s failed: %s; will retry", address_.c_str(),
+                      detail::errno_text(errno).c_str());
+        }
+        break;
+      }
+      (void)detail::set_socket_options(fd, cfg_.sockbuf);
+      if (handshaking_.size() >= max_handshaking) {
+        CCLITE_WARN(log(), "tcp: more than %zu connections to %s without a hello; closing the one "
+                    "from %s", max_handshaking, address_.c_str(), handshaking_.front().from.c_str());
+        handshaking_.erase(handshaking_.begin());
+      }
+      handshaking h;
+      h.fd = socket_fd(fd);
+      h.from = endpoint::from(from).to_string();
+      h.since = clock::now();
+      handshaking_.push_back(std::move(h));
+    }
+    for (std::size_t i = 0; i < handshaking_.size();) {
+      handshaking& h = handshaking_[i];
+      std::string reason;
+      ssize_t r = ::recv(h.fd.get(), h.buf + h.got, hello_bytes - h.got, MSG_DONTWAIT);
+      if (r > 0) h.got += static_cast<std::size_t>(r);
+      else if (r == 0) reason = "closed before sending a complete hello";
+      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) reason = detail::errno_text(errno);
+      if (reason.empty() && h.got >= 4 && std::memcmp(h.buf, "CCTC", 4) != 0) {
+        reason = reject_reason(decode(h.buf), job_hash_, ctx_.rank, ctx_.size);  // bad magic
+      }
+      if (reason.empty() && h.got == hello_bytes) {
+        hello hh = decode(h.buf);
+        reason = reject_reason(hh, job_hash_, ctx_.rank, ctx_.size);
+        if (reason.empty()) reason = conflict(hh);
+        if (reason.empty()) {
+          arrived_.push_back(arrived{std::move(h.fd), hh});
+          handshaking_[i] = std::move(handshaking_.back());
+          handshaking_.pop_back();
+          continue;
+        }
+      }
+      if (reason.empty() && clock::now() - h.since > hello_timeout) {
+        reason = "sent no complete hello within 30 s";
+      }
+      if (!reason.empty()) {
+        CCLITE_WARN(log(), "tcp: ignoring connection from %s to %s: %s", h.from.c_str(),
+                    address_.c_str(), reason.c_str());
+        handshaking_[i] = std::move(handshaking_.back());
+        handshaking_.pop_back();
+        continue;
+      }
+      ++i;
+    }
+  }
+
+  // A valid-looking hello that contradicts sockets already received from its rank.
+  std::string conflict(const hello& h) const {
+    for (const auto& a : arrived_) {
+      if (a.h.from_rank != h.from_rank) continue;
+      if (a.h.sock_index == h.sock_index) return "duplicate socket index " + std::to_string(h.sock_index);
+      if (a.h.nsocks != h.nsocks || a.h.block != h.block) return "nsocks/block differ from its other sockets";
+    }
+    return {};
+  }
+
+  transport_context ctx_;
+  std::uint64_t job_hash_;
+  std::unique_ptr<logger> own_log_;
+  transport_config cfg_;
+  socket_fd listener_;
+  std::string address_;
+  std::vector<handshaking> handshaking_;
+  std::vector<arrived> arrived_;
+};
+
+static_assert(is_transport_v<transport>, "tcp::transport must model the transport concept");
+
+}  // namespace cclite::tcp
