@@ -362,6 +362,37 @@ TEST_CASE("tcp: odd geometry: 3 sockets, 12K blocks, 40K rings") {
   stream_two_ranks(3, 8u << 20, "40K", "12K");
 }
 
+// Two ranks that each send 2 bytes and then wait for the other's 2 bytes (an
+// fp16 element each, before any end-of-collective padding) must not deadlock:
+// the link exposes bytes as they arrive, with no rounding.
+TEST_CASE("tcp: a few bytes are delivered at once, whatever their count") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      2,
+      [&](int rank, int size) {
+        node n;
+        init(n, dir.path, rank, size, "small");
+        connect_all(n, deadline::after(seconds(30)));
+        tcp::link& l = *n.links[static_cast<std::size_t>(1 - rank)];
+        std::uint64_t pos = 0;
+        for (std::size_t len : {2, 1, 3, 5, 7, 6}) {
+          auto w = l.send_reserve(len);
+          MP_REQUIRE(w.size == len);
+          fill(w.data, rank, 1 - rank, pos, len);
+          l.send_commit(len);
+          while (l.recv_peek().size < len) MP_REQUIRE_OK(l.wait(wait_for::recv, deadline::after(seconds(10))));
+          // >= len: the peer may already have sent its next message.
+          MP_CHECK(matches(l.recv_peek().data, 1 - rank, rank, pos, len));
+          l.recv_consume(len);
+          pos += len;
+        }
+        MP_REQUIRE_OK(l.flush(deadline::after(seconds(10))));
+        return 0;
+      },
+      seconds(60));
+  CHECK_MESSAGE(r.all_ok(), r.describe());
+}
+
 TEST_CASE("tcp: IPv6 (::1) when the machine has it") {
   auto ifs = tcp::list_interfaces();
   REQUIRE(ifs.ok());

@@ -62,6 +62,7 @@ class store_server::session : public std::enable_shared_from_this<session> {
   void read_header() {
     phase_ = phase::between_frames;
     hdr_got_ = 0;
+    body_got_ = body_total_ = 0;
     arm_idle(established_ ? srv_.opts_.established_idle_timeout : srv_.opts_.idle_timeout);
     read_more_header();
   }
