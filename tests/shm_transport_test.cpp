@@ -199,7 +199,7 @@ TEST_CASE("shm: can_connect needs the same host_id and another rank") {
   CHECK_FALSE(t.can_connect(a, a));
 }
 
-TEST_CASE("shm: FIFO capacity from CCLITE_SHM_BUFFSIZE") {
+TEST_CASE("shm: options from CCLITE_SHM_BUFFSIZE and CCLITE_SHM_SPIN_US") {
   CHECK(cclite::shm::fifo_capacity(4 << 20).value() == (4u << 20));
   CHECK(cclite::shm::fifo_capacity(1).value() == (64u << 10));
   CHECK(cclite::shm::fifo_capacity((1 << 20) + 1).value() == (1u << 20) + 4096);
@@ -212,6 +212,14 @@ TEST_CASE("shm: FIFO capacity from CCLITE_SHM_BUFFSIZE") {
   {
     scoped_env e("CCLITE_SHM_BUFFSIZE", "100001");
     CHECK(cclite::shm::options::from_env().value().buffer_bytes == 102400);
+  }
+  {
+    scoped_env e("CCLITE_SHM_SPIN_US", "0");
+    CHECK(cclite::shm::options::from_env().value().wait.spin.count() == 0);
+  }
+  {
+    scoped_env e("CCLITE_SHM_SPIN_US", "-3");
+    CHECK(cclite::shm::options::from_env().error().code() == errc::invalid_argument);
   }
   {
     scoped_env e("CCLITE_SHM_BUFFSIZE", "lots");

@@ -607,26 +607,51 @@ TEST_CASE("tcp: wait without a sender times out; abort is seen; clean close is p
   CHECK_MESSAGE(r.all_ok(), r.describe());
 }
 
-TEST_CASE("tcp: connect timeouts name the peer") {
+// Both sides of a connect that cannot complete: abort() (set from another
+// thread while the connect waits) and a deadline, each reported with the peer.
+// Phases run one side at a time, sequenced through the store.
+TEST_CASE("tcp: connect timeouts name the peer; abort stops a connect") {
   test::temp_dir dir;
   auto r = test::run_ranks(
       2,
       [&](int rank, int size) {
         node n;
         init(n, dir.path, rank, size, "connect-timeout");
+        auto abort_soon = [&] {
+          return std::thread([&] {
+            std::this_thread::sleep_for(milliseconds(200));
+            n.aborted = true;
+          });
+        };
         if (rank == 1) {
-          // Rank 0 never connects: the accepting side gives up.
-          auto l = n.tp->connect(0, deadline::after(milliseconds(300)));
+          // Rank 0 has not connected yet: the accepting side waits, then stops.
+          std::thread t = abort_soon();
+          auto t0 = clock::now();
+          auto l = n.tp->connect(0, deadline::after(seconds(30)));
+          t.join();
+          MP_REQUIRE(!l.ok());
+          MP_CHECK(l.error().code() == errc::aborted);
+          MP_CHECK(clock::now() - t0 < seconds(5));
+          n.aborted = false;
+          l = n.tp->connect(0, deadline::after(milliseconds(300)));
           MP_REQUIRE(!l.ok());
           MP_CHECK(l.error().code() == errc::timeout);
           MP_CHECK(l.error().message().find("waiting for rank 0 (") != std::string::npos);
-          MP_REQUIRE_OK(n.kv->set("accept_timed_out", "1"));
+          MP_REQUIRE_OK(n.kv->set("accept_side_done", "1"));
           MP_REQUIRE_OK(n.kv->get("done", deadline::after(seconds(30))));
           return 0;
         }
-        MP_REQUIRE_OK(n.kv->get("accept_timed_out", deadline::after(seconds(30))));
+        MP_REQUIRE_OK(n.kv->get("accept_side_done", deadline::after(seconds(30))));
         // Rank 1 no longer accepts: TCP connects (backlog) but no ack comes.
-        auto l = n.tp->connect(1, deadline::after(milliseconds(300)));
+        std::thread t = abort_soon();
+        auto t0 = clock::now();
+        auto l = n.tp->connect(1, deadline::after(seconds(30)));
+        t.join();
+        MP_REQUIRE(!l.ok());
+        MP_CHECK(l.error().code() == errc::aborted);
+        MP_CHECK(clock::now() - t0 < seconds(5));
+        n.aborted = false;
+        l = n.tp->connect(1, deadline::after(milliseconds(300)));
         MP_REQUIRE(!l.ok());
         MP_CHECK(l.error().code() == errc::timeout);
         MP_CHECK(l.error().message().find("rank 1 (") != std::string::npos);

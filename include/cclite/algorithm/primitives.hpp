@@ -142,10 +142,20 @@ class primitives {
       }
       n = align_down(n, elem_);
       if (n == 0) {
-        // Nothing to do yet: let both links move bytes (a TCP link pushes its
-        // pending output here), then block on the side that is short.
-        CCLITE_TRY(prev_.poll());
-        if (static_cast<const void*>(&next_) != static_cast<const void*>(&prev_)) CCLITE_TRY(next_.poll());
+        // Nothing to do yet: let both links move bytes (a TCP link pushes
+        // pending output here even when this verb only receives: in a ring
+        // where everyone waits for its predecessor, unpushed bytes would
+        // deadlock), then block on the side that is short. Errors count only
+        // on a link this verb needs: a peer that finished and closed the link
+        // we merely flush is not an error yet (finish() reports undeliverable
+        // bytes).
+        const bool same = static_cast<const void*>(&next_) == static_cast<const void*>(&prev_);
+        status sp = prev_.poll();
+        if ((in || (same && out)) && !sp.ok()) return sp;
+        if (!same) {
+          status sn = next_.poll();
+          if (out && !sn.ok()) return sn;
+        }
         if (++idle < 4) continue;
         idle = 0;
         bool need_in = in && src.size < std::min(bytes - done, elem_);

@@ -39,7 +39,7 @@ namespace cclite::shm {
 /// How wait() blocks. Defaults: see transport options (CCLITE_SHM_SPIN_US).
 struct wait_policy {
   /// Busy-poll (with a pause instruction) this long first.
-  std::chrono::nanoseconds spin{std::chrono::microseconds(20)};
+  std::chrono::nanoseconds spin{std::chrono::microseconds(10)};
   /// Then call sched_yield() this many times.
   int yields = 8;
   /// Then sleep on the futex in slices of at most this, checking deadline, abort

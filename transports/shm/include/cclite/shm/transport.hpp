@@ -21,7 +21,7 @@
 // Environment:
 //   CCLITE_SHM_DISABLE=1 (or NCCL_SHM_DISABLE=1)  enabled() is false
 //   CCLITE_SHM_BUFFSIZE   bytes per FIFO direction (default 4M; multiple of 4096, >= 64K)
-//   CCLITE_SHM_SPIN_US    microseconds wait() busy-polls before yielding/sleeping (default 20)
+//   CCLITE_SHM_SPIN_US    microseconds wait() busy-polls before yielding/sleeping (default 10)
 #pragma once
 
 #include <unistd.h>
@@ -56,7 +56,9 @@ struct options {
     auto cap = fifo_capacity(b.value());
     if (!cap) return cap.error();
     o.buffer_bytes = cap.value();
-    auto spin = env::get_int("SHM_SPIN_US", 20, false);
+    auto spin = env::get_int(
+        "SHM_SPIN_US", std::chrono::duration_cast<std::chrono::microseconds>(o.wait.spin).count(),
+        false);
     if (!spin) return spin.error();
     if (spin.value() < 0 || spin.value() > 1000000) {
       return make_error(errc::invalid_argument,
@@ -148,11 +150,12 @@ class transport {
     }
     const int lo = ctx_.rank < peer ? ctx_.rank : peer;
     const int hi = ctx_.rank < peer ? peer : ctx_.rank;
-    // The peer published before the communicator exchanged peer_info: no wait in practice.
-    auto ns = ctx_.kv->get("shm/pidns/" + std::to_string(peer), until);
+    // Published by the peer's init just before its connects: a short wait at most.
+    // Its pid is not watched here: we do not know yet whether it means anything.
+    auto ns =
+        get_watching("shm/pidns/" + std::to_string(peer), ctx_.peer(peer), 0, until, nullptr, 0);
     if (!ns) {
-      return context(status(ns.error().code(), ns.error().message() + " (did it call publish()?)"),
-                     ctx_.peer(peer));
+      return status(ns.error().code(), ns.error().message() + " (did it call publish()?)");
     }
     // In another pid namespace its pid means nothing here: liveness then rests
     // on the closed flag and the deadline.

@@ -31,7 +31,6 @@
 #pragma once
 
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -52,56 +51,6 @@
 #include <cclite/transport/concept.hpp>
 
 namespace cclite::tcp {
-
-namespace detail {
-/// Anonymous page-aligned memory (mmap), released on destruction. Movable.
-class mapped_memory {
- public:
-  mapped_memory() noexcept = default;
-  mapped_memory(mapped_memory&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  mapped_memory& operator=(mapped_memory&& o) noexcept {
-    if (this != &o) {
-      release();
-      p_ = std::exchange(o.p_, nullptr);
-      n_ = std::exchange(o.n_, 0);
-    }
-    return *this;
-  }
-  mapped_memory(const mapped_memory&) = delete;
-  mapped_memory& operator=(const mapped_memory&) = delete;
-  ~mapped_memory() { release(); }
-
-  /// Maps and touches n bytes (so the first collective does not page-fault).
-  static result<mapped_memory> map(std::size_t n) {
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS;
-#ifdef MAP_POPULATE
-    flags |= MAP_POPULATE;
-#endif
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, flags, -1, 0);
-    if (p == MAP_FAILED) {
-      return make_error(errc::resource_exhausted, "cannot map %zu bytes of tcp staging memory: %s",
-                        n, errno_text(errno).c_str());
-    }
-    auto* b = static_cast<volatile std::uint8_t*>(p);
-    for (std::size_t i = 0; i < n; i += 4096) b[i] = 0;
-    mapped_memory m;
-    m.p_ = static_cast<std::uint8_t*>(p);
-    m.n_ = n;
-    return m;
-  }
-  std::uint8_t* data() const noexcept { return p_; }
-
- private:
-  void release() noexcept {
-    if (p_) ::munmap(p_, n_);
-    p_ = nullptr;
-    n_ = 0;
-  }
-  std::uint8_t* p_ = nullptr;
-  std::size_t n_ = 0;
-};
-}  // namespace detail
 
 /// A connected, reliable, ordered, bidirectional byte stream to one peer over
 /// TCP (models cclite::is_link_v). Movable, not copyable; the destructor

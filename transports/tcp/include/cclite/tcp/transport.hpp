@@ -35,6 +35,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -46,6 +47,7 @@
 #include <cclite/core/env.hpp>
 #include <cclite/core/log.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/tcp/acceptor.hpp>
 #include <cclite/tcp/hello.hpp>
 #include <cclite/tcp/ifname.hpp>
 #include <cclite/tcp/link.hpp>
@@ -121,23 +123,18 @@ class transport {
   /// Errors: invalid_argument (bad environment), unsupported (no interface),
   /// system_error (socket calls), and whatever the store returns.
   status publish() {
-    if (listener_.valid()) return {};
+    if (acceptor_.listening()) return {};
     if (!ctx_.kv) return make_error(errc::invalid_argument, "tcp::transport needs a store (ctx.kv is null)");
     auto cfg = transport_config::from_env();
     if (!cfg) return cfg.error();
     cfg_ = cfg.value();
     auto iface = choose_interface();
     if (!iface) return iface.error();
-    auto listener = detail::listen_on(endpoint::from(iface->iface.addr), cfg_.sockbuf);
-    if (!listener) return listener.error();
-    auto local = detail::local_endpoint(listener->get());
-    if (!local) return local.error();
-    listener_ = std::move(listener.value());
-    address_ = local->to_string();
-    CCLITE_INFO(log(), "tcp: listening on %s %s via %s; nsocks %d, block %zu, buffers 2 x %zu per peer",
-                iface->iface.name.c_str(), address_.c_str(), iface->reason.c_str(), cfg_.nsocks,
-                cfg_.block, cfg_.buffsize);
-    return ctx_.kv->set(key(ctx_.rank), address_);
+    CCLITE_TRY(acceptor_.listen(endpoint::from(iface->iface.addr), cfg_.sockbuf));
+    CCLITE_INFO(log(), "tcp: listening on %s, interface %s; nsocks %d, block %zu, buffers 2 x %zu per peer",
+                acceptor_.address().c_str(), iface->reason.c_str(), cfg_.nsocks, cfg_.block,
+                cfg_.buffsize);
+    return ctx_.kv->set(key(ctx_.rank), acceptor_.address());
   }
 
   /// True for every peer but ourselves: TCP reaches other hosts and this one.
@@ -150,36 +147,26 @@ class transport {
   /// peer_lost, protocol_error (the peer's address answered like something
   /// else), invalid_argument (bad peer, publish() not called), resource_exhausted.
   result<link> connect(int peer, deadline until) {
-    if (!listener_.valid()) {
+    if (!acceptor_.listening()) {
       return make_error(errc::invalid_argument, "tcp::transport::connect(%d) before publish()", peer);
     }
     if (peer < 0 || peer >= ctx_.size || peer == ctx_.rank) {
       return make_error(errc::invalid_argument, "tcp::transport::connect(%d): not a peer of rank %d of %d",
                         peer, ctx_.rank, ctx_.size);
     }
+    if (ctx_.is_aborted()) {
+      return make_error(errc::aborted, "communicator aborted before connecting to %s over tcp",
+                        describe(peer).c_str());
+    }
     return ctx_.rank < peer ? connect_to(peer, until) : accept_from(peer, until);
   }
 
   /// "addr:port" this rank listens on (empty before publish()).
-  const std::string& address() const noexcept { return address_; }
+  const std::string& address() const noexcept { return acceptor_.address(); }
   const transport_config& config() const noexcept { return cfg_; }
 
  private:
-  static constexpr auto hello_timeout = std::chrono::seconds(30);
-  static constexpr std::size_t max_handshaking = 256;
   static constexpr auto refused_limit = std::chrono::seconds(10);
-
-  struct handshaking {
-    socket_fd fd;
-    std::string from;  // "addr:port" of the remote end, for WARN lines
-    clock::time_point since;
-    std::uint8_t buf[hello_bytes] = {};
-    std::size_t got = 0;
-  };
-  struct arrived {
-    socket_fd fd;
-    hello h;
-  };
 
   static std::string key(int rank) { return "tcp/" + std::to_string(rank); }
   const logger& log() const { return ctx_.log ? *ctx_.log : *own_log_; }
@@ -242,12 +229,13 @@ class transport {
     return link::create(peer, describe(peer), socks, n, cfg_.block, cfg_.buffsize, ctx_.aborted);
   }
 
-  // timeout/aborted statuses from the setup helpers get the elapsed time and a hint.
+  // Timeouts from the setup helpers ("timed out <what>") get the elapsed time.
   status annotate(status s, clock::time_point start) const {
-    if (s.code() == errc::timeout) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, " (after %.1f s)", since(start));
-      return status(errc::timeout, s.message() + buf);
+    static const std::string head = "timed out ";
+    if (s.code() == errc::timeout && s.message().compare(0, head.size(), head) == 0) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "timed out after %.1f s ", since(start));
+      return status(errc::timeout, buf + s.message().substr(head.size()));
     }
     return s;
   }
@@ -313,159 +301,43 @@ class transport {
     }
   }
 
-  // ---- higher rank: accept, validate hellos, ack ---------------------------
+  // ---- higher rank: wait for the peer's sockets, ack them -------------------
 
   result<link> accept_from(int peer, deadline until) {
     auto start = clock::now();
-    std::vector<pollfd> fds;
-    for (;;) {
-      service_listener();
-      int n = 0, have = 0;
-      for (const auto& a : arrived_) {
-        if (a.h.from_rank == peer) {
-          n = static_cast<int>(a.h.nsocks);
-          ++have;
-        }
-      }
-      if (n > 0 && have == n) break;
-      if (ctx_.is_aborted()) {
-        return make_error(errc::aborted, "communicator aborted while waiting for %s to connect over tcp",
-                          describe(peer).c_str());
-      }
-      if (until.expired()) {
-        return make_error(errc::timeout,
-                          "timed out after %.1f s waiting for %s to connect to %s over tcp (%d of %d "
-                          "sockets arrived); check that it is running and can reach this address "
-                          "(CCLITE_SOCKET_IFNAME, firewall)",
-                          since(start), describe(peer).c_str(), address_.c_str(), have,
-                          n > 0 ? n : cfg_.nsocks);
-      }
-      fds.clear();
-      fds.push_back(pollfd{listener_.get(), POLLIN, 0});
-      for (const auto& h : handshaking_) fds.push_back(pollfd{h.fd.get(), POLLIN, 0});
-      (void)::poll(fds.data(), static_cast<nfds_t>(fds.size()),
-                   static_cast<int>(until.remaining(milliseconds(50)).count()));
-    }
-
-    // Take the peer's sockets out of arrived_, in index order.
-    socket_fd socks[max_nsocks];
-    int n = 0;
-    std::size_t block = 0;
-    for (std::size_t i = 0; i < arrived_.size();) {
-      if (arrived_[i].h.from_rank != peer) {
-        ++i;
-        continue;
-      }
-      n = static_cast<int>(arrived_[i].h.nsocks);
-      block = arrived_[i].h.block;
-      socks[arrived_[i].h.sock_index] = std::move(arrived_[i].fd);
-      arrived_[i] = std::move(arrived_.back());
-      arrived_.pop_back();
-    }
-    if (n != cfg_.nsocks || block != cfg_.block) {
+    auto got = acceptor_.wait_for(peer, ctx_.rank, ctx_.size, job_hash_, until, ctx_.aborted,
+                                  describe(peer), cfg_.nsocks, log());
+    if (!got) return got.error();
+    detail::peer_sockets& p = got.value();
+    if (p.nsocks != cfg_.nsocks || p.block != cfg_.block) {
       CCLITE_INFO(log(), "tcp: %s connects with nsocks %d, block %zu (this rank has %d, %zu): the "
-                  "connecting rank's settings are used", describe(peer).c_str(), n, block,
+                  "connecting rank's settings are used", describe(peer).c_str(), p.nsocks, p.block,
                   cfg_.nsocks, cfg_.block);
     }
     std::string what = "acknowledging the tcp connection of " + describe(peer);
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < p.nsocks; ++i) {
       hello a;
       std::memcpy(a.magic, "CCTA", 4);
       a.job_hash = job_hash_;
       a.from_rank = ctx_.rank;
       a.to_rank = peer;
       a.sock_index = static_cast<std::uint32_t>(i);
-      a.nsocks = static_cast<std::uint32_t>(n);
-      a.block = static_cast<std::uint32_t>(block);
+      a.nsocks = static_cast<std::uint32_t>(p.nsocks);
+      a.block = static_cast<std::uint32_t>(p.block);
       std::uint8_t frame[hello_bytes];
       encode(a, frame);
-      CCLITE_TRY(annotate(detail::write_all(socks[i].get(), frame, hello_bytes, until, ctx_.aborted, what.c_str()), start));
+      CCLITE_TRY(annotate(detail::write_all(p.socks[i].get(), frame, hello_bytes, until, ctx_.aborted,
+                                            what.c_str()), start));
     }
-    CCLITE_TRACE(log(), "tcp: accepted %s with %d sockets", describe(peer).c_str(), n);
-    return link::create(peer, describe(peer), socks, n, block, cfg_.buffsize, ctx_.aborted);
-  }
-
-  // Accepts whatever is pending, reads hellos, moves valid ones to arrived_
-  // and closes strangers with one WARN line each. Never fails the job.
-  void service_listener() {
-    for (;;) {
-      sockaddr_storage from{};
-      socklen_t len = sizeof from;
-      int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&from), &len,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) {
-          CCLITE_WARN(log(), "tcp: accept() on %s failed: %s; will retry", address_.c_str(),
-                      detail::errno_text(errno).c_str());
-        }
-        break;
-      }
-      (void)detail::set_socket_options(fd, cfg_.sockbuf);
-      if (handshaking_.size() >= max_handshaking) {
-        CCLITE_WARN(log(), "tcp: more than %zu connections to %s without a hello; closing the one "
-                    "from %s", max_handshaking, address_.c_str(), handshaking_.front().from.c_str());
-        handshaking_.erase(handshaking_.begin());
-      }
-      handshaking h;
-      h.fd = socket_fd(fd);
-      h.from = endpoint::from(from).to_string();
-      h.since = clock::now();
-      handshaking_.push_back(std::move(h));
-    }
-    for (std::size_t i = 0; i < handshaking_.size();) {
-      handshaking& h = handshaking_[i];
-      std::string reason;
-      ssize_t r = ::recv(h.fd.get(), h.buf + h.got, hello_bytes - h.got, MSG_DONTWAIT);
-      if (r > 0) h.got += static_cast<std::size_t>(r);
-      else if (r == 0) reason = "closed before sending a complete hello";
-      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) reason = detail::errno_text(errno);
-      if (reason.empty() && h.got >= 4 && std::memcmp(h.buf, "CCTC", 4) != 0) {
-        reason = reject_reason(decode(h.buf), job_hash_, ctx_.rank, ctx_.size);  // bad magic
-      }
-      if (reason.empty() && h.got == hello_bytes) {
-        hello hh = decode(h.buf);
-        reason = reject_reason(hh, job_hash_, ctx_.rank, ctx_.size);
-        if (reason.empty()) reason = conflict(hh);
-        if (reason.empty()) {
-          arrived_.push_back(arrived{std::move(h.fd), hh});
-          handshaking_[i] = std::move(handshaking_.back());
-          handshaking_.pop_back();
-          continue;
-        }
-      }
-      if (reason.empty() && clock::now() - h.since > hello_timeout) {
-        reason = "sent no complete hello within 30 s";
-      }
-      if (!reason.empty()) {
-        CCLITE_WARN(log(), "tcp: ignoring connection from %s to %s: %s", h.from.c_str(),
-                    address_.c_str(), reason.c_str());
-        handshaking_[i] = std::move(handshaking_.back());
-        handshaking_.pop_back();
-        continue;
-      }
-      ++i;
-    }
-  }
-
-  // A valid-looking hello that contradicts sockets already received from its rank.
-  std::string conflict(const hello& h) const {
-    for (const auto& a : arrived_) {
-      if (a.h.from_rank != h.from_rank) continue;
-      if (a.h.sock_index == h.sock_index) return "duplicate socket index " + std::to_string(h.sock_index);
-      if (a.h.nsocks != h.nsocks || a.h.block != h.block) return "nsocks/block differ from its other sockets";
-    }
-    return {};
+    CCLITE_TRACE(log(), "tcp: accepted %s with %d sockets", describe(peer).c_str(), p.nsocks);
+    return link::create(peer, describe(peer), p.socks, p.nsocks, p.block, cfg_.buffsize, ctx_.aborted);
   }
 
   transport_context ctx_;
   std::uint64_t job_hash_;
   std::unique_ptr<logger> own_log_;
   transport_config cfg_;
-  socket_fd listener_;
-  std::string address_;
-  std::vector<handshaking> handshaking_;
-  std::vector<arrived> arrived_;
+  detail::acceptor acceptor_;
 };
 
 static_assert(is_transport_v<transport>, "tcp::transport must model the transport concept");

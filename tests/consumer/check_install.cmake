@@ -1,0 +1,61 @@
+# Checks an installed prefix (tests/consumer/install.cmake made it):
+# every header of include/ and transports/*/include/ is there under the same
+# name, with nothing extra, and so are the package files and, when built, cclite-run.
+#   cmake -DSOURCE_DIR=<cclite> -DPREFIX=<dir> -DINCLUDEDIR=include
+#         -DCMAKEDIR=share/cmake/cclite [-DTOOL=bin/cclite-run] -P check_install.cmake
+foreach(v SOURCE_DIR PREFIX INCLUDEDIR CMAKEDIR)
+  if(NOT ${v})
+    message(FATAL_ERROR "check_install.cmake: -D${v}=... is required")
+  endif()
+endforeach()
+
+set(errors "")
+file(GLOB_RECURSE want RELATIVE "${SOURCE_DIR}/include" "${SOURCE_DIR}/include/*")
+file(GLOB roots LIST_DIRECTORIES true "${SOURCE_DIR}/transports/*/include")
+foreach(root IN LISTS roots)
+  file(GLOB_RECURSE more RELATIVE "${root}" "${root}/*")
+  list(APPEND want ${more})
+endforeach()
+list(FILTER want EXCLUDE REGEX "(^|/)\\.|~$|\\.(swp|orig|rej)$")  # editor and VCS droppings
+file(GLOB_RECURSE have RELATIVE "${PREFIX}/${INCLUDEDIR}" "${PREFIX}/${INCLUDEDIR}/*")
+list(SORT want)
+list(SORT have)
+foreach(f IN LISTS want)
+  if(NOT f IN_LIST have)
+    string(APPEND errors "\n  not installed: ${INCLUDEDIR}/${f}")
+  endif()
+endforeach()
+foreach(f IN LISTS have)
+  if(NOT f IN_LIST want)
+    string(APPEND errors "\n  installed but not in the source tree: ${INCLUDEDIR}/${f}")
+  endif()
+endforeach()
+
+file(GLOB components RELATIVE "${SOURCE_DIR}/cmake/components" "${SOURCE_DIR}/cmake/components/cclite-*.cmake")
+foreach(f cclite-config.cmake cclite-config-version.cmake ccliteTargets.cmake ${components})
+  if(NOT EXISTS "${PREFIX}/${CMAKEDIR}/${f}")
+    string(APPEND errors "\n  missing: ${CMAKEDIR}/${f}")
+  endif()
+endforeach()
+if(TOOL AND NOT EXISTS "${PREFIX}/${TOOL}")
+  string(APPEND errors "\n  missing: ${TOOL}")
+endif()
+
+# Relocatable: nothing may point back into the source or build tree.
+file(GLOB pkg "${PREFIX}/${CMAKEDIR}/*.cmake")
+foreach(f IN LISTS pkg)
+  file(READ "${f}" text)
+  foreach(dir "${SOURCE_DIR}" ${BUILD_DIR})
+    string(FIND "${text}" "${dir}" at)
+    if(NOT at EQUAL -1)
+      get_filename_component(n "${f}" NAME)
+      string(APPEND errors "\n  ${CMAKEDIR}/${n} names ${dir}")
+    endif()
+  endforeach()
+endforeach()
+
+if(errors)
+  message(FATAL_ERROR "install in ${PREFIX} is incomplete:${errors}")
+endif()
+list(LENGTH have n)
+message(STATUS "install layout ok: ${n} headers, package files in ${CMAKEDIR}")

@@ -1,0 +1,100 @@
+// End to end, the way users run it: build/bin/cclite-run starts real workers
+// that call cclite::init() (environment -> TCP store hosted by rank 0 ->
+// shm / tcp links). Checks hello_allreduce and allreduce_perf's #wrong column.
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::string bin_dir() {
+  const char* d = std::getenv("CCLITE_BIN_DIR");
+  return d ? d : "build/bin";
+}
+
+struct run_out {
+  int rc = -1;
+  std::string text;
+};
+
+// Runs a shell command, capturing stdout and stderr.
+run_out sh(const std::string& cmd) {
+  run_out out;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out.text += buf;
+  int st = ::pclose(p);
+  out.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+// Data lines of allreduce_perf (not starting with '#' after the rank prefix).
+std::vector<std::string> perf_rows(const std::string& text) {
+  std::vector<std::string> rows;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto pos = line.find("]: ");
+    std::string body = pos == std::string::npos ? line : line.substr(pos + 3);
+    if (!body.empty() && body[0] != '#' && body.find("float") != std::string::npos) rows.push_back(body);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("cclite-run + hello_allreduce: 3 ranks over shm, then over tcp") {
+  const std::string run = bin_dir() + "/cclite-run --timeout 120 --nproc-per-node 3 ";
+  for (const char* env : {"", "CCLITE_SHM_DISABLE=1 "}) {
+    run_out r = sh(std::string(env) + run + bin_dir() + "/hello_allreduce");
+    INFO(r.text);
+    CHECK(r.rc == 0);
+    CHECK(r.text.find("sum of ranks = 3 (correct)") != std::string::npos);
+    CHECK(r.text.find("[rank 2]: ") != std::string::npos);
+  }
+}
+
+TEST_CASE("cclite-run + allreduce_perf -c 1: #wrong is 0 on every line, shm and tcp") {
+  const std::string cmd = bin_dir() + "/cclite-run --timeout 240 --nproc-per-node 2 " + bin_dir() +
+                          "/allreduce_perf -b 8 -e 8M -f 8 -n 2 -w 1 -c 1";
+  for (const char* env : {"", "CCLITE_SHM_DISABLE=1 "}) {
+    run_out r = sh(std::string(env) + cmd);
+    INFO(r.text);
+    CHECK(r.rc == 0);
+    auto rows = perf_rows(r.text);
+    CHECK(rows.size() == 7);  // 8 B, 64 B, ..., 2 MiB (16 MiB > -e 8M)
+    for (const auto& row : rows) {
+      // columns: size count type redop | time algbw busbw #wrong | time algbw busbw #wrong
+      std::istringstream f(row);
+      std::string size, count, type, op, t1, a1, b1, w1, t2, a2, b2, w2;
+      f >> size >> count >> type >> op >> t1 >> a1 >> b1 >> w1 >> t2 >> a2 >> b2 >> w2;
+      CHECK(w1 == "0");
+      CHECK(w2 == "0");
+    }
+  }
+}
+
+TEST_CASE("CCLITE_DEBUG=INFO prints topology, transport per peer and the algorithm") {
+  run_out r = sh("CCLITE_DEBUG=INFO " + bin_dir() + "/cclite-run --timeout 60 --nproc-per-node 2 " +
+                 bin_dir() + "/hello_allreduce");
+  INFO(r.text);
+  CHECK(r.rc == 0);
+  CHECK(r.text.find("INFO init: rank 1 of 2") != std::string::npos);
+  CHECK(r.text.find("via shm") != std::string::npos);
+  CHECK(r.text.find("algorithm ring") != std::string::npos);
+}
+
+TEST_CASE("a worker without launcher environment gets one clear line") {
+  run_out r = sh("env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u SLURM_PROCID "
+                 "-u CCLITE_RANK " + bin_dir() + "/hello_allreduce");
+  INFO(r.text);
+  CHECK(r.rc != 0);
+  CHECK(r.text.find("CCLITE_RANK") != std::string::npos);
+}
