@@ -35,7 +35,8 @@ if(TARGET cclite_shm)
   list(APPEND _cclite_exported cclite_shm)
 endif()
 install(TARGETS ${_cclite_exported} EXPORT ccliteTargets
-        FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+        FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})  # for consumers' CMake < 3.23 (no FILE_SET)
 install(EXPORT ccliteTargets NAMESPACE cclite:: DESTINATION ${CCLITE_INSTALL_CMAKEDIR})
 
 # Every other transport's headers, unconditionally: they are only headers, and

@@ -3,6 +3,7 @@
 # name, with nothing extra, and so are the package files and, when built, cclite-run.
 #   cmake -DSOURCE_DIR=<cclite> -DPREFIX=<dir> -DINCLUDEDIR=include
 #         -DCMAKEDIR=share/cmake/cclite [-DTOOL=bin/cclite-run] -P check_install.cmake
+cmake_minimum_required(VERSION 3.24)
 foreach(v SOURCE_DIR PREFIX INCLUDEDIR CMAKEDIR)
   if(NOT ${v})
     message(FATAL_ERROR "check_install.cmake: -D${v}=... is required")

@@ -1,5 +1,6 @@
 # ctest fixture setup: a fresh `cmake --install` of this build into PREFIX.
 #   cmake -DBUILD_DIR=<build> -DPREFIX=<dir> [-DCONFIG=<cfg>] -P install.cmake
+cmake_minimum_required(VERSION 3.24)
 foreach(v BUILD_DIR PREFIX)
   if(NOT ${v})
     message(FATAL_ERROR "install.cmake: -D${v}=... is required")

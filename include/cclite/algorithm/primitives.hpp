@@ -95,6 +95,49 @@ class primitives {
     });
   }
 
+  /// next <- src (send_bytes) while out <- prev (recv_bytes), both progressing
+  /// together: the pairwise-exchange step of alltoall and send/recv. Neither
+  /// direction waits for the other to finish, so two ranks exchanging more
+  /// than a FIFO's worth with each other cannot deadlock.
+  status sendrecv(const std::uint8_t* src, std::size_t send_bytes, std::uint8_t* out,
+                  std::size_t recv_bytes) {
+    std::size_t sd = 0, rd = 0;
+    int idle = 0;
+    while (sd < send_bytes || rd < recv_bytes) {
+      bool moved = false;
+      if (sd < send_bytes) {
+        mutable_bytes dst = next_.send_reserve(std::min(send_bytes - sd, piece_));
+        std::size_t n = align_down(dst.size, elem_);
+        if (n) {
+          std::memcpy(dst.data, src + sd, n);
+          next_.send_commit(n);
+          sd += n;
+          moved = true;
+        }
+      }
+      if (rd < recv_bytes) {
+        const_bytes in = prev_.recv_peek();
+        std::size_t n = align_down(std::min({in.size, recv_bytes - rd, piece_}), elem_);
+        if (n) {
+          std::memcpy(out + rd, in.data, n);
+          prev_.recv_consume(n);
+          rd += n;
+          moved = true;
+        }
+      }
+      if (moved) {
+        idle = 0;
+        stalled_ = false;
+        continue;
+      }
+      CCLITE_TRY(stall(rd < recv_bytes, sd < send_bytes,
+                       rd < recv_bytes ? wait_for::recv : wait_for::send, idle));
+    }
+    sent_ += send_bytes;
+    received_ += recv_bytes;
+    return {};
+  }
+
   /// Pads both streams to a multiple of max_dtype_size so the next collective,
   /// whatever its dtype, starts element-aligned (see transport/concept.hpp).
   status finish() {
@@ -113,6 +156,39 @@ class primitives {
   }
 
  private:
+  // Called when a verb can move nothing. First lets both links move bytes (a
+  // TCP link pushes pending output here even when this verb only receives:
+  // in a ring where everyone waits for its predecessor, unpushed bytes would
+  // deadlock). Errors count only on a link this verb needs: a peer that
+  // finished and closed a link we merely flush is not an error yet (finish()
+  // reports undeliverable bytes). After a few idle rounds it blocks on the
+  // side that is short (`w`: recv = prev, send = next) in slices of at most
+  // 2 ms, so the other link keeps being progressed, until the deadline.
+  status stall(bool in, bool out, wait_for w, int& idle) {
+    const bool same = static_cast<const void*>(&next_) == static_cast<const void*>(&prev_);
+    status sp = prev_.poll();
+    if ((in || (same && out)) && !sp.ok()) return sp;
+    if (!same) {
+      status sn = next_.poll();
+      if (out && !sn.ok()) return sn;
+    }
+    if (++idle < 4) return {};
+    idle = 0;
+    if (!stalled_) {
+      stalled_ = true;
+      stalled_since_ = clock::now();
+    }
+    const deadline slice = same ? until_ : deadline::min(until_, deadline::after(milliseconds(2)));
+    status st = w == wait_for::recv ? prev_.wait(w, slice) : next_.wait(w, slice);
+    if (st.code() == errc::timeout) {
+      if (!until_.expired()) return {};  // only the slice ended
+      double secs = std::chrono::duration<double>(clock::now() - stalled_since_).count();
+      return make_error(errc::timeout, "no progress for %.1f s, deadline reached: %s", secs,
+                        st.message().c_str());
+    }
+    return st;
+  }
+
   template <class L>
   auto flush(L& l) -> decltype(l.flush(deadline{})) {
     return l.flush(until_);
@@ -142,28 +218,12 @@ class primitives {
       }
       n = align_down(n, elem_);
       if (n == 0) {
-        // Nothing to do yet: let both links move bytes (a TCP link pushes
-        // pending output here even when this verb only receives: in a ring
-        // where everyone waits for its predecessor, unpushed bytes would
-        // deadlock), then block on the side that is short. Errors count only
-        // on a link this verb needs: a peer that finished and closed the link
-        // we merely flush is not an error yet (finish() reports undeliverable
-        // bytes).
-        const bool same = static_cast<const void*>(&next_) == static_cast<const void*>(&prev_);
-        status sp = prev_.poll();
-        if ((in || (same && out)) && !sp.ok()) return sp;
-        if (!same) {
-          status sn = next_.poll();
-          if (out && !sn.ok()) return sn;
-        }
-        if (++idle < 4) continue;
-        idle = 0;
         bool need_in = in && src.size < std::min(bytes - done, elem_);
-        if (need_in || !out) CCLITE_TRY(prev_.wait(wait_for::recv, until_));
-        else CCLITE_TRY(next_.wait(wait_for::send, until_));
+        CCLITE_TRY(stall(in, out, need_in || !out ? wait_for::recv : wait_for::send, idle));
         continue;
       }
       idle = 0;
+      stalled_ = false;
       body(src.data, dst.data, n, done);
       if (in) prev_.recv_consume(n);
       if (out) next_.send_commit(n);
@@ -181,6 +241,8 @@ class primitives {
   deadline until_;
   std::size_t piece_;
   std::size_t sent_ = 0, received_ = 0;
+  bool stalled_ = false;
+  clock::time_point stalled_since_{};
 };
 
 }  // namespace cclite

@@ -18,33 +18,11 @@
 #include <mutex>
 #include <thread>
 
+#include <cclite/collective/op.hpp>
 #include <cclite/core/clock.hpp>
-#include <cclite/core/dtype.hpp>
 #include <cclite/core/status.hpp>
 
 namespace cclite {
-
-enum class collective_kind : std::uint8_t { allreduce, broadcast, barrier };
-
-inline const char* to_string(collective_kind k) noexcept {
-  switch (k) {
-    case collective_kind::allreduce: return "allreduce";
-    case collective_kind::broadcast: return "broadcast";
-    case collective_kind::barrier: return "barrier";
-  }
-  return "?";
-}
-
-/// One collective call, as queued.
-struct op_desc {
-  collective_kind kind = collective_kind::barrier;
-  const void* send = nullptr;
-  void* recv = nullptr;
-  std::size_t count = 0;
-  dtype type = dtype::uint8;
-  reduce_op op = reduce_op::sum;
-  int root = 0;
-};
 
 namespace detail {
 
@@ -78,6 +56,9 @@ class work {
   status wait(milliseconds timeout = milliseconds(-1));
   /// True once the collective finished (never blocks).
   bool done() const;
+  /// A handle that is already complete with `s` (an argument error found
+  /// before queuing).
+  static work failed(status s) { return work(std::move(s)); }
   /// True if this handle refers to a submitted collective.
   bool valid() const noexcept { return q_ != nullptr || !early_.ok(); }
 

@@ -215,12 +215,13 @@ class link {
                       peer_desc_.c_str(), out_.capacity());
   }
 
-  status timeout_error(wait_for w, clock::time_point start) const {
-    double s = std::chrono::duration<double>(clock::now() - start).count();
+  // No duration in the text: callers wait in slices and know how long they
+  // have been blocked (the primitives add it).
+  status timeout_error(wait_for w, clock::time_point) const {
     const char* what = w == wait_for::recv   ? "data from"
                        : w == wait_for::send ? "FIFO space (receiver not draining) at"
                                              : "data from or FIFO space at";
-    return make_error(errc::timeout, "timed out after %.1f s waiting for %s %s over shm", s, what,
+    return make_error(errc::timeout, "timed out waiting for %s %s over shm", what,
                       peer_desc_.c_str());
   }
 

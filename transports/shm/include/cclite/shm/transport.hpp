@@ -6,6 +6,9 @@
 // single-producer single-consumer FIFOs (lo->hi, hi->lo) of CCLITE_SHM_BUFFSIZE
 // bytes each: memory use is 2 x buffsize (+4 KiB) per connected pair.
 //
+// publish() stores this rank's pid namespace ("shm/pidns/<rank>"): a peer's pid
+// is watched for liveness only when both ranks share one.
+//
 // connect(peer, until), both ranks of the pair (lo < hi):
 //   lo: shm_open("/cclite-<job_tag>-<lo>-<hi>", O_EXCL), size, fallocate, mmap
 //       (MAP_POPULATE); store.set("shm/<lo>-<hi>", name); wait for "shm/<lo>-<hi>/ok";
@@ -26,8 +29,8 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <new>
 #include <string>
 #include <utility>

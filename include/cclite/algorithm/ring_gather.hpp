@@ -1,0 +1,107 @@
+// cclite/algorithm/ring_gather.hpp - ring allgather(v), ring reduce-scatter, chain reduce.
+//
+// All three move data around the ring (prev -> this rank -> next) in rounds of
+// at most `chunk` elements per block, like ring_allreduce, so a round always
+// fits the link buffers.
+//
+//   allgather(v)    n-1 steps, each rank sends (n-1)/n of the output:
+//                   step 0 send own block, then recv_copy_send, last step recv.
+//                   Cost (n-1) alpha + (n-1)/n * N beta (N = output bytes).
+//   reduce_scatter  n-1 steps: send, recv_reduce_send..., last recv_reduce_copy
+//                   into this rank's own block. Same cost plus the reductions.
+//   reduce (chain)  the ring cut open after the root: rank root+1 sends, the
+//                   others reduce and forward, the root keeps the result.
+//                   Pipelined, so ~ (n-1) alpha + N beta for large N.
+#pragma once
+
+#include <cstring>
+
+#include <cclite/algorithm/primitives.hpp>
+#include <cclite/algorithm/schedule.hpp>
+
+namespace cclite {
+
+/// Which rank sits at each ring position, and where each rank's block lives.
+struct ring_blocks {
+  const int* ring;         ///< ring[q] = rank at ring position q
+  const std::size_t* len;  ///< len[r] = elements of rank r's block
+  const std::size_t* off;  ///< off[r] = element offset of rank r's block
+  std::size_t max_len;
+};
+
+/// Allgather(v): every block already sits at its place in `recv` on its owner
+/// (the caller copies its own contribution in first). Moves the others.
+template <class Prims>
+status ring_allgather(Prims& prims, std::uint8_t* recv, std::size_t elem, int n, int pos,
+                      const ring_blocks& b, std::size_t chunk) {
+  if (n == 1) return {};
+  const std::size_t rounds = b.max_len ? (b.max_len + chunk - 1) / chunk : 0;
+  auto block_at = [&](int k) { return b.ring[((pos - k) % n + n) % n]; };
+  auto part = [&](int r, std::size_t round, std::size_t& begin) {
+    std::size_t lo = std::min(b.len[r], round * chunk), hi = std::min(b.len[r], lo + chunk);
+    begin = (b.off[r] + lo) * elem;
+    return (hi - lo) * elem;
+  };
+  for (std::size_t rd = 0; rd < rounds; ++rd) {
+    std::size_t at = 0, bytes = part(block_at(0), rd, at);
+    CCLITE_TRY(prims.send(recv + at, bytes));                       // our own block
+    for (int k = 1; k < n - 1; ++k) {
+      bytes = part(block_at(k), rd, at);
+      CCLITE_TRY(prims.recv_copy_send(recv + at, bytes));           // keep and pass on
+    }
+    bytes = part(block_at(n - 1), rd, at);
+    CCLITE_TRY(prims.recv(recv + at, bytes));                       // the last one stops here
+  }
+  return prims.finish();
+}
+
+/// Reduce-scatter: `send` holds n blocks of `count` elements (block r for rank
+/// r at r * count); `recv` receives this rank's block reduced over all ranks.
+/// `recv` may alias send's own block (in place).
+template <class Prims>
+status ring_reduce_scatter(Prims& prims, const std::uint8_t* send, std::uint8_t* recv,
+                           std::size_t count, std::size_t elem, const reduction& red, int n,
+                           int pos, const int* ring, int self, std::size_t chunk) {
+  if (n == 1) {
+    if (count && send + static_cast<std::size_t>(self) * count * elem != recv)
+      std::memcpy(recv, send + static_cast<std::size_t>(self) * count * elem, count * elem);
+    return {};
+  }
+  // Step k handles the block of ring position p-k-1, so the last step (k = n-1)
+  // completes the block of ring position p: this rank's own.
+  auto block_at = [&](int k) { return static_cast<std::size_t>(ring[((pos - k - 1) % n + n) % n]); };
+  const std::size_t rounds = count ? (count + chunk - 1) / chunk : 0;
+  for (std::size_t rd = 0; rd < rounds; ++rd) {
+    const std::size_t lo = rd * chunk, len = std::min(chunk, count - lo), bytes = len * elem;
+    auto at = [&](int k) { return (block_at(k) * count + lo) * elem; };
+    CCLITE_TRY(prims.send(send + at(0), bytes));
+    for (int k = 1; k < n - 1; ++k) CCLITE_TRY(prims.recv_reduce_send(send + at(k), bytes));
+    std::uint8_t* out = recv + lo * elem;
+    CCLITE_TRY(prims.recv_reduce_copy(send + at(n - 1), out, bytes));
+    if (red.needs_divide) red.divide(out, len, n);
+  }
+  return prims.finish();
+}
+
+/// Reduce to `root`: `rel` = (ring position - root's position) mod n. Only the
+/// root's `recv` is written.
+template <class Prims>
+status chain_reduce(Prims& prims, const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                    std::size_t elem, const reduction& red, int n, int rel) {
+  const std::size_t bytes = count * elem;
+  if (n == 1) {
+    if (bytes && send != recv) std::memcpy(recv, send, bytes);
+    return {};
+  }
+  if (rel == 1) {
+    CCLITE_TRY(prims.send(send, bytes));                    // the chain starts after the root
+  } else if (rel != 0) {
+    CCLITE_TRY(prims.recv_reduce_send(send, bytes));        // add ours, pass on
+  } else {
+    CCLITE_TRY(prims.recv_reduce_copy(send, recv, bytes));  // the root keeps the total
+    if (red.needs_divide) red.divide(recv, count, n);
+  }
+  return prims.finish();
+}
+
+}  // namespace cclite

@@ -1,0 +1,134 @@
+// cclite/collective/op.hpp - one collective call as data, and its argument checks.
+//
+// Every public call of the communicator becomes an op_desc, is checked here on
+// the calling rank (errc::invalid_argument, the communicator stays usable),
+// then queued and run in issue order (work_queue.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/status.hpp>
+
+namespace cclite {
+
+enum class collective_kind : std::uint8_t {
+  allreduce, broadcast, barrier, reduce, allgather, reduce_scatter, alltoall, gather, scatter,
+  send, recv, sendrecv, allgatherv, alltoallv,
+};
+inline constexpr int collective_kind_count = 14;
+
+inline const char* to_string(collective_kind k) noexcept {
+  switch (k) {
+    case collective_kind::allreduce: return "allreduce";
+    case collective_kind::broadcast: return "broadcast";
+    case collective_kind::barrier: return "barrier";
+    case collective_kind::reduce: return "reduce";
+    case collective_kind::allgather: return "allgather";
+    case collective_kind::reduce_scatter: return "reduce_scatter";
+    case collective_kind::alltoall: return "alltoall";
+    case collective_kind::gather: return "gather";
+    case collective_kind::scatter: return "scatter";
+    case collective_kind::send: return "send";
+    case collective_kind::recv: return "recv";
+    case collective_kind::sendrecv: return "sendrecv";
+    case collective_kind::allgatherv: return "allgatherv";
+    case collective_kind::alltoallv: return "alltoallv";
+  }
+  return "?";
+}
+
+/// One call, as queued. Pointers are the caller's and must stay valid until
+/// the call completed (for *_async: until work::wait() returned).
+struct op_desc {
+  collective_kind kind = collective_kind::barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;  ///< elements (per rank for allgather/reduce_scatter/alltoall/gather/scatter)
+  dtype type = dtype::uint8;
+  reduce_op op = reduce_op::sum;
+  int root = 0;  ///< root, or the peer of send/recv, or the destination of sendrecv
+  // sendrecv: the source rank and the receive count
+  int peer2 = 0;
+  std::size_t count2 = 0;
+  // v-variants: per-rank element counts and displacements (size() entries each)
+  const std::size_t* counts = nullptr;   ///< allgatherv: recv counts; alltoallv: send counts
+  const std::size_t* displs = nullptr;   ///< allgatherv: recv displs; alltoallv: send displs
+  const std::size_t* rcounts = nullptr;  ///< alltoallv: recv counts
+  const std::size_t* rdispls = nullptr;  ///< alltoallv: recv displs
+};
+
+namespace detail {
+
+inline bool overflows(std::size_t count, std::size_t times, dtype t) {
+  const std::size_t limit = (SIZE_MAX >> 4) / size_of(t);
+  return times != 0 && count > limit / times;
+}
+
+/// Checks what one rank can check alone. `size` = number of ranks.
+inline status validate(const op_desc& d, int size) {
+  const char* name = to_string(d.kind);
+  if (d.kind == collective_kind::barrier) return {};
+  if (!is_valid(d.type)) return make_error(errc::invalid_argument, "%s: invalid dtype %d", name, static_cast<int>(d.type));
+  const bool reduces = d.kind == collective_kind::allreduce || d.kind == collective_kind::reduce ||
+                       d.kind == collective_kind::reduce_scatter;
+  if (reduces && !is_valid(d.op))
+    return make_error(errc::invalid_argument, "%s: invalid reduce_op %d", name, static_cast<int>(d.op));
+  const bool rooted = d.kind == collective_kind::broadcast || d.kind == collective_kind::reduce ||
+                      d.kind == collective_kind::gather || d.kind == collective_kind::scatter;
+  const bool p2p = d.kind == collective_kind::send || d.kind == collective_kind::recv ||
+                   d.kind == collective_kind::sendrecv;
+  if ((rooted || p2p) && (d.root < 0 || d.root >= size))
+    return make_error(errc::invalid_argument, "%s: %s %d out of range [0, %d)", name, rooted ? "root" : "peer", d.root, size);
+  if (d.kind == collective_kind::sendrecv && (d.peer2 < 0 || d.peer2 >= size))
+    return make_error(errc::invalid_argument, "sendrecv: source %d out of range [0, %d)", d.peer2, size);
+  const std::size_t n = static_cast<std::size_t>(size);
+  const bool per_rank = d.kind == collective_kind::allgather || d.kind == collective_kind::reduce_scatter ||
+                        d.kind == collective_kind::alltoall || d.kind == collective_kind::gather ||
+                        d.kind == collective_kind::scatter;
+  if (overflows(d.count, per_rank ? n : 1, d.type) || overflows(d.count2, 1, d.type))
+    return make_error(errc::invalid_argument, "%s: count %zu overflows the byte size", name, d.count);
+  if (d.kind == collective_kind::allgatherv || d.kind == collective_kind::alltoallv) {
+    if (!d.counts || !d.displs || (d.kind == collective_kind::alltoallv && (!d.rcounts || !d.rdispls)))
+      return make_error(errc::invalid_argument, "%s: null counts or displacements array", name);
+    for (std::size_t r = 0; r < n; ++r) {
+      if (overflows(d.counts[r], 1, d.type) || overflows(d.displs[r], 1, d.type) ||
+          (d.rcounts && (overflows(d.rcounts[r], 1, d.type) || overflows(d.rdispls[r], 1, d.type))))
+        return make_error(errc::invalid_argument, "%s: count or displacement of rank %zu overflows", name, r);
+      if (d.rcounts && d.rcounts[r] && !d.recv)
+        return make_error(errc::invalid_argument, "%s: null recv buffer with counts > 0", name);
+      if (d.counts[r] && (d.kind == collective_kind::alltoallv ? !d.send : !d.recv))
+        return make_error(errc::invalid_argument, "%s: null buffer with counts > 0", name);
+    }
+    return {};
+  }
+  if (d.count == 0 && d.count2 == 0) return {};
+  switch (d.kind) {
+    case collective_kind::send:
+      if (!d.send) return make_error(errc::invalid_argument, "send: null buffer with count %zu", d.count);
+      return {};
+    case collective_kind::recv:
+      if (!d.recv) return make_error(errc::invalid_argument, "recv: null buffer with count %zu", d.count);
+      return {};
+    case collective_kind::sendrecv:
+      if ((d.count && !d.send) || (d.count2 && !d.recv))
+        return make_error(errc::invalid_argument, "sendrecv: null buffer with a count > 0");
+      return {};
+    case collective_kind::broadcast:
+      if (!d.recv) return make_error(errc::invalid_argument, "broadcast: null buffer with count %zu", d.count);
+      return {};
+    case collective_kind::reduce: case collective_kind::gather: case collective_kind::scatter:
+      return {};  // which buffers matter depends on root: checked when run
+    default:
+      if (!d.send || !d.recv)
+        return make_error(errc::invalid_argument, "%s: null buffer with count %zu", name, d.count);
+      if (d.kind == collective_kind::alltoall && d.send == d.recv)
+        return make_error(errc::invalid_argument, "alltoall: send and recv must not be the same buffer "
+                          "(in-place alltoall is not supported)");
+      return {};
+  }
+}
+
+}  // namespace detail
+}  // namespace cclite

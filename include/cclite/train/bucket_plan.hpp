@@ -1,0 +1,71 @@
+// cclite/train/bucket_plan.hpp - which gradients share an allreduce (type-free).
+//
+// Backward produces gradients from the last layer to the first, so buckets
+// are filled in reverse registration order: bucket 0 holds the last layers'
+// gradients and can be reduced while earlier layers are still being
+// differentiated. Each bucket is one contiguous range of a flat gradient
+// buffer, so its allreduce needs no packing copy. Buckets are cut so that
+// none exceeds its cap unless a single parameter alone is larger (a parameter
+// is never split); the first bucket has its own, smaller cap, as in PyTorch
+// DDP, because the sooner the first allreduce starts, the more it overlaps.
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace cclite::train {
+
+struct bucket_plan {
+  struct bucket {
+    std::size_t offset = 0;  ///< first element in the flat buffer
+    std::size_t count = 0;   ///< elements
+    std::size_t params = 0;  ///< parameters it holds
+  };
+  std::vector<bucket> buckets;             ///< in launch order
+  std::vector<std::size_t> param_offset;   ///< per parameter (registration index): element offset
+  std::vector<std::size_t> param_bucket;   ///< per parameter: its bucket
+  std::size_t total = 0;                   ///< elements in the flat buffer
+
+  /// Plans buckets for parameters of `sizes` elements (registration order),
+  /// elements of `elem_bytes` bytes. Caps of 0 mean "no cap" (one bucket).
+  static bucket_plan make(const std::vector<std::size_t>& sizes, std::size_t elem_bytes,
+                          std::size_t first_cap_bytes, std::size_t cap_bytes) {
+    bucket_plan p;
+    p.param_offset.assign(sizes.size(), 0);
+    p.param_bucket.assign(sizes.size(), 0);
+    std::size_t off = 0;
+    for (std::size_t k = sizes.size(); k-- > 0;) {
+      const std::size_t bytes = sizes[k] * elem_bytes;
+      if (p.buckets.empty()) p.buckets.push_back(bucket{off, 0, 0});
+      bucket* b = &p.buckets.back();
+      const std::size_t b_cap = p.buckets.size() == 1 ? first_cap_bytes : cap_bytes;
+      if (b->params > 0 && b_cap > 0 && (b->count * elem_bytes + bytes) > b_cap) {
+        p.buckets.push_back(bucket{off, 0, 0});
+        b = &p.buckets.back();
+      }
+      p.param_offset[k] = off;
+      p.param_bucket[k] = p.buckets.size() - 1;
+      b->count += sizes[k];
+      b->params += 1;
+      off += sizes[k];
+    }
+    p.total = off;
+    return p;
+  }
+
+  /// "3 buckets: [0] 2 params 33.3 KiB, [1] ..." for logs.
+  std::string describe(std::size_t elem_bytes) const {
+    std::string s = std::to_string(buckets.size()) + (buckets.size() == 1 ? " bucket:" : " buckets:");
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, " [%zu] %zu params %.1f KiB", b, buckets[b].params,
+                    static_cast<double>(buckets[b].count * elem_bytes) / 1024.0);
+      s += buf;
+    }
+    return s;
+  }
+};
+
+}  // namespace cclite::train

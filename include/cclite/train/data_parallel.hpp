@@ -1,0 +1,361 @@
+// cclite/train/data_parallel.hpp - gradient averaging that overlaps backward (PyTorch DDP's core).
+//
+//   train::mlp net({784, 256, 128, 10}, local_batch, seed);
+//   auto ddp = train::data_parallel<Comm>::create(comm, net.parameters()).value();
+//   for (...) {
+//     net.forward(x, b);  /* loss -> net.output_grad() */
+//     net.backward(b, [&](train::parameter& p) { ddp.grad_ready(p); });
+//     if (auto st = ddp.synchronize(); !st.ok()) { ... }   // grads now averaged
+//     opt.step();
+//     ddp.zero_grad();
+//   }
+//
+// create() broadcasts rank 0's parameter values (so every replica starts
+// equal), checks that every rank registered the same parameter shapes, and
+// moves every gradient into a few contiguous *buckets*: the gradients are
+// laid out in reverse registration order (the order backward produces them)
+// and cut into buckets of at most bucket_cap_bytes, the first one capped at
+// first_bucket_cap_bytes so that communication starts early (DDP's defaults:
+// 25 MiB, first 1 MiB). A parameter is never split.
+//
+// During backward, grad_ready(p) marks p's gradient final; when every gradient
+// of a bucket is final (and every earlier bucket was launched) the bucket's
+// allreduce(avg) is issued asynchronously on the communicator, so it runs on
+// the communicator's thread while backward continues on this one. The last
+// bucket is the exception: it completes only as backward ends, so
+// synchronize() runs it directly on the calling thread, saving two thread
+// hand-offs per step. synchronize() also issues any bucket left behind (of
+// parameters this step did not use: they hold their zero or accumulated
+// gradient), waits for all, each wait bounded by the timeout, and leaves every
+// rank with the same, bitwise identical, averaged gradient.
+//
+// Gradient accumulation: while sync is off (set_sync(false) or a no_sync()
+// guard), grad_ready does nothing and synchronize() returns at once, so
+// micro-batches only add into the local gradients; the first step with sync
+// on communicates the accumulated sum (as DDP's no_sync()).
+//
+// Comm: any cclite communicator<...> (anything with rank(), size(),
+// broadcast<T>(ptr, n, root) -> status, allreduce<T>(ptr, n, op) -> status and
+// allreduce_async(ptr, n, op) -> a handle with wait(milliseconds) -> status and
+// done()). Collectives are issued from the calling thread, in the same order
+// on every rank (buckets in index order), as cclite requires.
+//
+// Errors: create() returns the first failed collective, or errc::mismatch
+// when ranks registered different parameters. synchronize() returns the first
+// failed allreduce or errc::timeout; after an error the wrapper stays broken
+// (the communicator is unusable anyway, see communicator.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <cclite/core/clock.hpp>
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/env.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/train/bucket_plan.hpp>
+#include <cclite/train/parameter.hpp>
+
+namespace cclite::train {
+
+/// Knobs of data_parallel.
+struct dp_options {
+  /// Largest bucket, in bytes of gradient (DDP's bucket_cap_mb = 25).
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
+  /// Cap of the first bucket (the last layers' gradients), small so the first
+  /// allreduce starts early (DDP: 1 MiB).
+  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
+  /// Bounds each wait in synchronize(); -2 = CCLITE_TIMEOUT (default 30 min).
+  milliseconds timeout{-2};
+  /// Broadcast rank 0's parameter values in create() (DDP always does).
+  bool broadcast_parameters = true;
+};
+
+template <class Comm>
+class data_parallel {
+ public:
+  /// Wraps `params` (registration order, e.g. mlp::parameters()) for `comm`.
+  /// Collective: every rank must call it with the same shapes. The parameters
+  /// and `comm` must outlive the wrapper; parameter gradients are rebound to
+  /// the wrapper's buckets (and back to their own storage by the destructor).
+  static result<data_parallel> create(Comm& comm, parameter_list params, dp_options opts = {}) {
+    if (opts.timeout.count() == -2) {
+      auto t = env::timeout();
+      if (!t) return t.error();
+      opts.timeout = t.value();
+    }
+    for (parameter* p : params)
+      if (!p) return make_error(errc::invalid_argument, "data_parallel: null parameter");
+    data_parallel dp(comm, std::move(params), opts);
+    CCLITE_TRY(dp.check_shapes());
+    if (opts.broadcast_parameters) CCLITE_TRY(dp.broadcast_values());
+    dp.build_buckets();
+    return dp;
+  }
+
+  data_parallel(data_parallel&& o) noexcept { *this = std::move(o); }
+  data_parallel& operator=(data_parallel&& o) noexcept {
+    if (this != &o) {
+      drain();
+      comm_ = o.comm_;
+      params_ = std::move(o.params_);
+      index_ = std::move(o.index_);
+      plan_ = std::move(o.plan_);
+      flat_ = std::move(o.flat_);
+      opts_ = o.opts_;
+      slots_ = std::move(o.slots_);
+      remaining_ = std::move(o.remaining_);
+      ready_ = std::move(o.ready_);
+      next_launch_ = o.next_launch_;
+      marked_ = o.marked_;
+      o.next_launch_ = 0;
+      sync_ = o.sync_;
+      broken_ = std::move(o.broken_);
+      timeline_ = std::move(o.timeline_);
+      backward_end_us_ = o.backward_end_us_;
+      step_start_ = o.step_start_;
+      o.params_.clear();  // the moved-from wrapper no longer owns the bindings
+    }
+    return *this;
+  }
+  data_parallel(const data_parallel&) = delete;
+  data_parallel& operator=(const data_parallel&) = delete;
+
+  /// Waits for allreduces still writing into the buckets (each is bounded by
+  /// the communicator's own deadline), then gives the gradients back to the
+  /// parameters.
+  ~data_parallel() {
+    drain();
+    for (parameter* p : params_) p->use_own_grad();
+  }
+
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  const bucket_plan& buckets() const noexcept { return plan_; }
+  const parameter_list& parameters() const noexcept { return params_; }
+
+  /// All gradients, contiguous, in bucket order (reverse registration order).
+  float* flat_grad() noexcept { return flat_.data(); }
+  std::size_t flat_size() const noexcept { return flat_.size(); }
+
+  /// Zeroes every gradient (one memset over the buckets).
+  void zero_grad() noexcept { std::fill(flat_.begin(), flat_.end(), 0.0f); }
+
+  /// Turns gradient communication on or off (off: accumulate locally).
+  void set_sync(bool on) noexcept { sync_ = on; }
+  bool sync_enabled() const noexcept { return sync_; }
+
+  /// RAII form of set_sync(false): `{ auto g = ddp.no_sync(); ...backward... }`.
+  class no_sync_guard {
+   public:
+    explicit no_sync_guard(data_parallel& d) noexcept : d_(&d), was_(d.sync_) { d.sync_ = false; }
+    no_sync_guard(no_sync_guard&& o) noexcept : d_(o.d_), was_(o.was_) { o.d_ = nullptr; }
+    no_sync_guard(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(const no_sync_guard&) = delete;
+    no_sync_guard& operator=(no_sync_guard&&) = delete;
+    ~no_sync_guard() {
+      if (d_) d_->sync_ = was_;
+    }
+
+   private:
+    data_parallel* d_;
+    bool was_;
+  };
+  no_sync_guard no_sync() noexcept { return no_sync_guard(*this); }
+
+  /// Backward's hook: p's gradient is final for this step. Launches every
+  /// bucket that became complete, in bucket order. Cheap when sync is off.
+  void grad_ready(const parameter& p) {
+    if (!sync_ || size() == 1 || !broken_.ok()) return;
+    auto it = index_.find(&p);
+    if (it == index_.end()) return;  // not ours: nothing to communicate
+    const std::size_t i = it->second;
+    if (ready_[i]) return;  // marked twice in one step: the first mark counts
+    if (marked_++ == 0) step_start_ = clock::now();
+    ready_[i] = 1;
+    const std::size_t b = plan_.param_bucket[i];
+    if (--remaining_[b] == 0) launch_ready();
+  }
+
+  /// Completes the step's communication: issues every bucket not yet issued,
+  /// waits for all, and leaves the averaged gradients in place. Returns ok at
+  /// once on one rank or while sync is off.
+  status synchronize() {
+    if (!broken_.ok()) return broken_;
+    if (!sync_ || size() == 1) return {};
+    const auto backward_end = clock::now();
+    if (marked_ == 0) step_start_ = backward_end;  // nobody called grad_ready: nothing overlapped
+    timeline_.assign(plan_.buckets.size(), bucket_event{});
+    for (std::size_t b = 0; b < next_launch_; ++b) {
+      timeline_[b].launched_us = micros(slots_[b].launched - step_start_);
+      timeline_[b].done_before_backward_end = slots_[b].w.done();
+    }
+    backward_end_us_ = micros(backward_end - step_start_);
+    // Buckets not issued yet (the last one, and any whose parameters were not
+    // all used this step) go now, in order, so every rank issues the same
+    // sequence; the last runs blocking, inline when the queue is idle.
+    const std::size_t last = plan_.buckets.size() - 1;
+    while (next_launch_ < last) {
+      timeline_[next_launch_].launched_us = micros(clock::now() - step_start_);
+      launch(next_launch_++);
+    }
+    status first;
+    auto note = [&](std::size_t b, const status& st) {
+      timeline_[b].finished_us = micros(clock::now() - step_start_);
+      if (!st.ok() && first.ok())
+        first = status(st.code(), "data_parallel: allreduce of bucket " + std::to_string(b) + ": " + st.message());
+    };
+    {
+      const auto& bk = plan_.buckets[last];
+      timeline_[last].launched_us = micros(clock::now() - step_start_);
+      note(last, comm_->allreduce(flat_.data() + bk.offset, bk.count, reduce_op::avg));
+    }
+    // Issue order is completion order (one queue), so these are done or nearly.
+    for (std::size_t b = 0; b < last; ++b) note(b, slots_[b].w.wait(opts_.timeout));
+    reset_step();
+    if (!first.ok()) broken_ = first;
+    return first;
+  }
+
+  /// What the last synchronize() saw, per bucket, in microseconds since the
+  /// first grad_ready of that step (roughly the start of backward).
+  struct bucket_event {
+    double launched_us = 0;              ///< when the allreduce was issued
+    double finished_us = 0;              ///< when synchronize() saw it finish (an upper bound)
+    bool done_before_backward_end = false;  ///< already finished when synchronize() was called
+  };
+  const std::vector<bucket_event>& timeline() const noexcept { return timeline_; }
+  /// When synchronize() was called (backward finished), same clock as timeline().
+  double backward_end_us() const noexcept { return backward_end_us_; }
+
+ private:
+  struct slot {
+    decltype(std::declval<Comm&>().allreduce_async(static_cast<float*>(nullptr), std::size_t{0},
+                                                   reduce_op::avg)) w;
+    clock::time_point launched{};
+  };
+
+  data_parallel(Comm& comm, parameter_list params, dp_options opts)
+      : comm_(&comm), params_(std::move(params)), opts_(opts) {}
+
+  static double micros(clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+  // Every rank must register the same shapes, or buckets would not line up
+  // and the allreduces would mix unrelated gradients: compare a hash of the
+  // shapes through min and max allreduces.
+  status check_shapes() {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(params_.size());
+    for (parameter* p : params_) mix(p->size());
+    mix(opts_.bucket_cap_bytes);
+    mix(opts_.first_bucket_cap_bytes);
+    if (size() == 1) return {};
+    std::uint64_t lo = h, hi = h;
+    CCLITE_TRY(comm_->allreduce(&lo, 1, reduce_op::min));
+    CCLITE_TRY(comm_->allreduce(&hi, 1, reduce_op::max));
+    if (lo != hi) {
+      return make_error(errc::mismatch,
+                        "data_parallel: rank %d registered %zu parameters (%zu values) with bucket caps "
+                        "%zu/%zu bytes, and some other rank registered different ones; every rank must "
+                        "build the same model with the same options",
+                        rank(), params_.size(), total_values(), opts_.first_bucket_cap_bytes,
+                        opts_.bucket_cap_bytes);
+    }
+    return {};
+  }
+
+  std::size_t total_values() const {
+    std::size_t n = 0;
+    for (parameter* p : params_) n += p->size();
+    return n;
+  }
+
+  // One broadcast of all values packed together: one collective instead of
+  // one per parameter.
+  status broadcast_values() {
+    if (size() == 1) return {};
+    std::vector<float> packed(total_values());
+    std::size_t off = 0;
+    for (parameter* p : params_) {
+      std::copy(p->value(), p->value() + p->size(), packed.begin() + static_cast<std::ptrdiff_t>(off));
+      off += p->size();
+    }
+    CCLITE_TRY(comm_->broadcast(packed.data(), packed.size(), 0));
+    off = 0;
+    for (parameter* p : params_) {
+      std::copy(packed.begin() + static_cast<std::ptrdiff_t>(off),
+                packed.begin() + static_cast<std::ptrdiff_t>(off + p->size()), p->value());
+      off += p->size();
+    }
+    return {};
+  }
+
+  void build_buckets() {
+    std::vector<std::size_t> sizes;
+    for (parameter* p : params_) sizes.push_back(p->size());
+    plan_ = bucket_plan::make(sizes, sizeof(float), opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes);
+    flat_.assign(plan_.total, 0.0f);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      index_[params_[i]] = i;
+      params_[i]->bind_grad(flat_.data() + plan_.param_offset[i]);
+    }
+    slots_.clear();
+    slots_.resize(plan_.buckets.size());
+    ready_.assign(params_.size(), 0);
+    reset_step();
+  }
+
+  void reset_step() {
+    remaining_.resize(plan_.buckets.size());
+    for (std::size_t b = 0; b < plan_.buckets.size(); ++b) remaining_[b] = static_cast<int>(plan_.buckets[b].params);
+    std::fill(ready_.begin(), ready_.end(), 0);
+    next_launch_ = 0;
+    marked_ = 0;
+  }
+
+  // The last bucket is left to synchronize(): it completes when backward
+  // ends, so nothing is left to overlap it with, and synchronize() can run it
+  // on the calling thread (no hand-off to and from the communicator's thread).
+  void launch_ready() {
+    while (next_launch_ + 1 < plan_.buckets.size() && remaining_[next_launch_] == 0) launch(next_launch_++);
+  }
+
+  void launch(std::size_t b) {
+    const auto& bk = plan_.buckets[b];
+    slots_[b].launched = clock::now();
+    slots_[b].w = comm_->allreduce_async(flat_.data() + bk.offset, bk.count, reduce_op::avg);
+  }
+
+  // Outstanding allreduces write into flat_: they must finish before it goes.
+  void drain() noexcept {
+    for (std::size_t b = 0; b < next_launch_ && b < slots_.size(); ++b) (void)slots_[b].w.wait(milliseconds(-1));
+    next_launch_ = 0;
+  }
+
+  Comm* comm_ = nullptr;
+  parameter_list params_;
+  std::unordered_map<const parameter*, std::size_t> index_;
+  bucket_plan plan_;
+  std::vector<float> flat_;
+  dp_options opts_;
+  std::vector<slot> slots_;
+  std::vector<int> remaining_;  // per bucket: parameters not yet ready this step
+  std::vector<char> ready_;     // per parameter: marked this step
+  std::size_t next_launch_ = 0;  // buckets [0, next_launch_) are issued this step
+  std::size_t marked_ = 0;       // grad_ready calls that counted this step
+  bool sync_ = true;
+  status broken_;
+  std::vector<bucket_event> timeline_;
+  double backward_end_us_ = 0;
+  clock::time_point step_start_{};
+};
+
+}  // namespace cclite::train

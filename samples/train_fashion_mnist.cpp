@@ -1,0 +1,413 @@
+// train_fashion_mnist: data-parallel training of an MLP on Fashion-MNIST with cclite::train.
+//
+//   build/bin/cclite-run --nproc-per-node 2 build/bin/train_fashion_mnist --epochs 15
+//   build/bin/cclite-run --nproc-per-node 2 build/bin/train_fashion_mnist --epochs 15 --resume
+//
+// Every rank holds the whole model (784-256-128-10 by default) and trains on
+// its own shard of each shuffled epoch (train::distributed_sampler); the
+// gradients are averaged by train::data_parallel, whose bucket allreduces run
+// while backward still computes the lower layers. --batch is the *global*
+// batch: each of N ranks takes batch/N samples per step, so the training
+// follows the same trajectory whatever N is (up to float rounding).
+// Rank 0 shows a progress bar per epoch, then the test accuracy (evaluated on
+// all ranks, one shard each), and saves a checkpoint (parameters, optimiser
+// state, epoch, sampler state) atomically after every epoch. --resume
+// continues from it: a job killed mid-epoch loses only that epoch.
+//
+// Data: Debian's dataset-fashion-mnist package (/usr/share/datasets/fashion-mnist)
+// or --data DIR with the four IDX files (gzipped or not).
+#include <cclite/cclite.hpp>
+#include <cclite/train/train.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fashion_mnist.hpp"
+
+namespace train = cclite::train;
+using comm_t = cclite::default_communicator;
+
+namespace {
+
+struct args {
+  int epochs = 15;
+  int batch = 64;  // global
+  std::string optimizer = "adamw";
+  float lr = -1;  // per optimiser default
+  float momentum = 0.9f;
+  float weight_decay = -1;
+  std::string schedule = "cosine";
+  std::vector<int> hidden = {256, 128};
+  std::string data = sample::default_fashion_mnist_dir();
+  std::string checkpoint = "fashion_mnist.ckpt";
+  bool save = true;
+  bool resume = false;
+  bool eval = true;
+  std::uint64_t seed = 42;
+  int threads = 0;  // 0: cores / ranks on this node
+  long bucket_kb = 25 * 1024;
+  long first_bucket_kb = 1024;
+  int accumulate = 1;
+  std::string progress = "auto";
+  int timeline = 0;
+  long max_steps = 0;  // per epoch, 0 = all (quick runs)
+};
+
+void usage() {
+  std::printf(
+      "usage: train_fashion_mnist [options]\n"
+      "  --epochs E            epochs to train (default 15)\n"
+      "  --batch B             global batch, split evenly over the ranks (default 64)\n"
+      "  --optimizer adamw|sgd (default adamw; sgd uses --momentum)\n"
+      "  --lr X                learning rate (default adamw 1e-3, sgd 0.05)\n"
+      "  --momentum X          SGD momentum (default 0.9)\n"
+      "  --weight-decay X      (default adamw 1e-4, sgd 0)\n"
+      "  --schedule cosine|constant  learning-rate schedule over all epochs (default cosine)\n"
+      "  --hidden 256,128      hidden layer widths\n"
+      "  --data DIR            dataset directory (default %s)\n"
+      "  --checkpoint FILE     written by rank 0 after every epoch (default fashion_mnist.ckpt)\n"
+      "  --no-checkpoint       do not save\n"
+      "  --resume              continue from --checkpoint if it exists\n"
+      "  --no-eval             skip the test-set evaluation\n"
+      "  --seed S              shuffling and initialisation seed (default 42)\n"
+      "  --threads N           BLAS threads per rank (default: cores / ranks on this node)\n"
+      "  --bucket-kb K         gradient bucket cap (default 25600)\n"
+      "  --first-bucket-kb K   first bucket cap (default 1024)\n"
+      "  --accumulate K        micro-batches per step, communicating only the last (default 1)\n"
+      "  --progress auto|bar|lines|none  (auto: bar on a terminal, lines otherwise)\n"
+      "  --timeline N          print the bucket timeline of the first N steps of each epoch\n"
+      "  --max-steps N         stop each epoch after N steps (quick runs)\n",
+      sample::default_fashion_mnist_dir());
+}
+
+bool parse(int argc, char** argv, args& a) {
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--epochs") a.epochs = std::atoi(val());
+    else if (k == "--batch") a.batch = std::atoi(val());
+    else if (k == "--optimizer") a.optimizer = val();
+    else if (k == "--lr") a.lr = std::strtof(val(), nullptr);
+    else if (k == "--momentum") a.momentum = std::strtof(val(), nullptr);
+    else if (k == "--weight-decay") a.weight_decay = std::strtof(val(), nullptr);
+    else if (k == "--schedule") a.schedule = val();
+    else if (k == "--data") a.data = val();
+    else if (k == "--checkpoint") a.checkpoint = val();
+    else if (k == "--no-checkpoint") a.save = false;
+    else if (k == "--resume") a.resume = true;
+    else if (k == "--no-eval") a.eval = false;
+    else if (k == "--seed") a.seed = std::strtoull(val(), nullptr, 10);
+    else if (k == "--threads") a.threads = std::atoi(val());
+    else if (k == "--bucket-kb") a.bucket_kb = std::atol(val());
+    else if (k == "--first-bucket-kb") a.first_bucket_kb = std::atol(val());
+    else if (k == "--accumulate") a.accumulate = std::atoi(val());
+    else if (k == "--progress") a.progress = val();
+    else if (k == "--timeline") a.timeline = std::atoi(val());
+    else if (k == "--max-steps") a.max_steps = std::atol(val());
+    else if (k == "--hidden") {
+      a.hidden.clear();
+      for (const char* p = val(); *p;) {
+        char* end;
+        long v = std::strtol(p, &end, 10);
+        if (end == p || v <= 0) return false;
+        a.hidden.push_back(static_cast<int>(v));
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return false;
+      }
+    } else if (k == "-h" || k == "--help") {
+      usage();
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "unknown option %s (see --help)\n", k.c_str());
+      return false;
+    }
+  }
+  if (a.lr < 0) a.lr = a.optimizer == "sgd" ? 0.05f : 1e-3f;
+  if (a.weight_decay < 0) a.weight_decay = a.optimizer == "sgd" ? 0.0f : 1e-4f;
+  return a.epochs >= 0 && a.batch > 0 && a.accumulate > 0 && (a.optimizer == "sgd" || a.optimizer == "adamw");
+}
+
+// SGD or AdamW behind one face (the sample lets the user pick).
+struct optimizer {
+  std::unique_ptr<train::sgd> sgd;
+  std::unique_ptr<train::adamw> adamw;
+  void step() { sgd ? sgd->step() : adamw->step(); }
+  void set_lr(float lr) { sgd ? sgd->set_lr(lr) : adamw->set_lr(lr); }
+  void save(train::checkpoint& ck) const { sgd ? sgd->save_state(ck) : adamw->save_state(ck); }
+  cclite::status load(const train::checkpoint& ck) { return sgd ? sgd->load_state(ck) : adamw->load_state(ck); }
+};
+
+// Rank 0's progress display: a bar redrawn in place on a terminal, or a
+// line every 10% when the output goes to a pipe (cclite-run relays whole lines).
+class progress_bar {
+ public:
+  progress_bar(const std::string& mode, bool enabled) {
+    if (!enabled || mode == "none") mode_ = 0;
+    else if (mode == "bar" || (mode == "auto" && ::isatty(STDOUT_FILENO))) mode_ = 2;
+    else mode_ = 1;
+  }
+  /// Adds a step's loss sum over n samples; shows the mean since the last display.
+  void update(int epoch, int epochs, long step, long steps, double samples_per_s, double loss_sum, double n) {
+    if (mode_ == 0) return;
+    loss_ += loss_sum;
+    n_ += n;
+    const int tenth = static_cast<int>(10 * step / steps);
+    if (mode_ == 1 && tenth == last_tenth_ && step != steps) return;
+    if (mode_ == 2 && step != steps && step % 20 != 0) return;
+    last_tenth_ = tenth;
+    const double loss = loss_ / (n_ > 0 ? n_ : 1.0);
+    loss_ = n_ = 0;
+    char bar[31];
+    const int fill = static_cast<int>(30 * step / steps);
+    for (int i = 0; i < 30; ++i) bar[i] = i < fill ? '#' : '.';
+    bar[30] = 0;
+    std::printf("%sepoch %d/%d [%s] %3d%% %ld/%ld steps  %.0f samples/s  loss %.4f%s", mode_ == 2 ? "\r" : "", epoch,
+                epochs, bar, static_cast<int>(100 * step / steps), step, steps, samples_per_s, loss,
+                mode_ == 2 && step != steps ? "" : "\n");
+    std::fflush(stdout);
+  }
+  void start_epoch() { last_tenth_ = 0, loss_ = n_ = 0; }
+
+ private:
+  int mode_ = 1;
+  int last_tenth_ = 0;
+  double loss_ = 0, n_ = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+int fail(int rank, const cclite::status& st) {
+  std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  args a;
+  if (!parse(argc, argv, a)) {
+    usage();
+    return 2;
+  }
+  auto env = cclite::init();
+  if (!env) return fail(-1, env.error());
+  comm_t& comm = *env.value();
+  const int rank = comm.rank(), world = comm.size();
+
+  if (a.batch % (world * a.accumulate) != 0) {
+    if (rank == 0) std::fprintf(stderr, "--batch %d must be a multiple of ranks (%d) x --accumulate (%d)\n", a.batch, world, a.accumulate);
+    return 2;
+  }
+  const int local_batch = a.batch / world;          // per rank per step
+  const int micro = local_batch / a.accumulate;     // per forward/backward
+  int threads = a.threads;
+  if (threads <= 0) threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm.local_size()));
+  train::set_compute_threads(threads);
+
+  auto loaded = sample::load_fashion_mnist(a.data);
+  if (!loaded) return fail(rank, loaded.error());
+  const sample::fashion_mnist& ds = loaded.value();
+  const int features = ds.train.features();
+
+  // Pixels are normalised on the fly with a 256-entry table (the dataset's mean and std).
+  float norm[256];
+  for (int v = 0; v < 256; ++v) norm[v] = (v / 255.0f - 0.2860f) / 0.3530f;
+
+  std::vector<int> sizes = {features};
+  sizes.insert(sizes.end(), a.hidden.begin(), a.hidden.end());
+  sizes.push_back(10);
+  train::mlp net(sizes, micro, a.seed);
+
+  train::dp_options dpo;
+  dpo.bucket_cap_bytes = static_cast<std::size_t>(a.bucket_kb) << 10;
+  dpo.first_bucket_cap_bytes = static_cast<std::size_t>(a.first_bucket_kb) << 10;
+  auto made = train::data_parallel<comm_t>::create(comm, net.parameters(), dpo);
+  if (!made) return fail(rank, made.error());
+  train::data_parallel<comm_t>& ddp = made.value();
+
+  optimizer opt;
+  if (a.optimizer == "sgd") opt.sgd = std::make_unique<train::sgd>(net.parameters(), train::sgd::options{a.lr, a.momentum, a.weight_decay, false});
+  else opt.adamw = std::make_unique<train::adamw>(net.parameters(), train::adamw::options{a.lr, 0.9f, 0.999f, 1e-8f, a.weight_decay});
+
+  train::distributed_sampler sampler(static_cast<std::size_t>(ds.train.count), rank, world, a.seed);
+  int first_epoch = 0;
+
+  if (rank == 0) {
+    std::printf("train_fashion_mnist: %d ranks, MLP", world);
+    for (std::size_t i = 0; i < sizes.size(); ++i) std::printf("%s%d", i ? "-" : " ", sizes[i]);
+    std::printf(" (%zu parameters), global batch %d (%d per rank%s), %s lr %g (%s), %d BLAS thread(s) per rank via %s\n",
+                net.parameter_count(), a.batch, local_batch,
+                a.accumulate > 1 ? (", " + std::to_string(a.accumulate) + " micro-batches").c_str() : "",
+                a.optimizer.c_str(), static_cast<double>(a.lr), a.schedule.c_str(), threads, train::gemm_backend());
+    std::printf("gradient buckets: %s\n", ddp.buckets().describe(sizeof(float)).c_str());
+    std::fflush(stdout);
+  }
+
+  // ---- resume: every rank reads the file; all must agree on it, or all stop ----
+  if (a.resume) {
+    const bool exists = ::access(a.checkpoint.c_str(), F_OK) == 0;
+    double flag[2] = {exists ? 1.0 : 0.0, exists ? 1.0 : 0.0};  // min/max of "exists"
+    cclite::status st = comm.allreduce(&flag[0], 1, cclite::reduce_op::min);
+    if (st.ok()) st = comm.allreduce(&flag[1], 1, cclite::reduce_op::max);
+    if (!st.ok()) return fail(rank, st);
+    if (flag[1] == 0.0) {
+      if (rank == 0) std::printf("--resume: no checkpoint at %s yet, starting at epoch 1\n", a.checkpoint.c_str());
+    } else if (flag[0] == 0.0) {
+      return fail(rank, cclite::make_error(cclite::errc::invalid_argument, "--resume: %s is missing on some rank (it must be on a filesystem every rank sees)", a.checkpoint.c_str()));
+    } else {
+      auto ck = train::checkpoint::load(a.checkpoint);
+      cclite::status ls = ck ? cclite::status() : ck.error();
+      std::uint64_t epoch = 0;
+      if (ls.ok()) ls = train::load_parameters(ck.value(), net.parameters());
+      if (ls.ok()) ls = opt.load(ck.value());
+      if (ls.ok()) ls = sampler.load_state(ck.value());
+      if (ls.ok()) {
+        auto e = ck.value().get_u64("epochs_done");
+        if (e) epoch = e.value(); else ls = e.error();
+      }
+      // Agree: everyone loaded, and the same bytes (payload checksum).
+      std::uint64_t v[4] = {ls.ok() ? 0u : 1u, ls.ok() ? ck.value().checksum() : 0u, 0, 0};
+      v[2] = v[1];
+      st = comm.allreduce(&v[0], 1, cclite::reduce_op::max);
+      if (st.ok()) st = comm.allreduce(&v[1], 1, cclite::reduce_op::min);
+      if (st.ok()) st = comm.allreduce(&v[2], 1, cclite::reduce_op::max);
+      if (!st.ok()) return fail(rank, st);
+      if (!ls.ok()) return fail(rank, ls);
+      if (v[0] != 0) return fail(rank, cclite::make_error(cclite::errc::invalid_argument, "another rank could not load %s", a.checkpoint.c_str()));
+      if (v[1] != v[2]) return fail(rank, cclite::make_error(cclite::errc::mismatch, "ranks read different contents from %s", a.checkpoint.c_str()));
+      first_epoch = static_cast<int>(epoch);
+      if (rank == 0) std::printf("resumed from %s: %d epoch(s) done, continuing with epoch %d\n", a.checkpoint.c_str(), first_epoch, first_epoch + 1);
+    }
+  }
+
+  std::vector<float> x(static_cast<std::size_t>(micro) * static_cast<std::size_t>(features));
+  std::vector<std::uint8_t> y(static_cast<std::size_t>(micro));
+  auto gather = [&](const sample::image_set& s, const std::size_t* idx, int n) {
+    for (int j = 0; j < n; ++j) {
+      const std::uint8_t* px = s.pixels.data() + idx[j] * static_cast<std::size_t>(features);
+      float* row = x.data() + static_cast<std::size_t>(j) * static_cast<std::size_t>(features);
+      for (int f = 0; f < features; ++f) row[f] = norm[px[f]];
+      y[static_cast<std::size_t>(j)] = s.labels[idx[j]];
+    }
+  };
+
+  progress_bar bar(a.progress, rank == 0);
+  const long steps_per_epoch_full = static_cast<long>((sampler.num_samples() + static_cast<std::size_t>(local_batch) - 1) / static_cast<std::size_t>(local_batch));
+  const long steps_per_epoch = a.max_steps > 0 ? std::min(a.max_steps, steps_per_epoch_full) : steps_per_epoch_full;
+  const long total_steps = steps_per_epoch * a.epochs;
+  double last_accuracy = -1;
+  const auto job_start = std::chrono::steady_clock::now();
+
+  for (int epoch = first_epoch; epoch < a.epochs; ++epoch) {
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    const std::vector<std::size_t>& mine = sampler.indices();
+    bar.start_epoch();
+    double loss_sum = 0, seen = 0, step_loss = 0, step_n = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (long step = 0; step < steps_per_epoch; ++step) {
+      if (a.schedule == "cosine") {
+        const double progress = static_cast<double>(epoch * steps_per_epoch + step) / static_cast<double>(total_steps);
+        opt.set_lr(static_cast<float>(a.lr * 0.5 * (1.0 + std::cos(M_PI * progress))));
+      }
+      const std::size_t begin = static_cast<std::size_t>(step) * static_cast<std::size_t>(local_batch);
+      const int this_batch = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(local_batch), mine.size() - begin));
+      const int parts = std::min(a.accumulate, this_batch);
+      for (int m = 0; m < parts; ++m) {
+        const int lo = this_batch * m / parts, hi = this_batch * (m + 1) / parts;
+        const int n = hi - lo;
+        gather(ds.train, mine.data() + begin + static_cast<std::size_t>(lo), n);
+        const float* logits = net.forward(x.data(), n);
+        auto r = train::softmax_cross_entropy(logits, y.data(), n, 10, net.output_grad(), 1.0f / static_cast<float>(this_batch));
+        loss_sum += r.loss_sum;
+        step_loss += r.loss_sum;
+        seen += n;
+        step_n += n;
+        ddp.set_sync(m + 1 == parts);  // earlier micro-batches only accumulate
+        net.backward(n, [&](train::parameter& p) { ddp.grad_ready(p); });
+      }
+      if (auto st = ddp.synchronize(); !st.ok()) return fail(rank, st);
+      opt.step();
+      ddp.zero_grad();
+      sampler.set_position(begin + static_cast<std::size_t>(this_batch));
+      if (rank == 0 && step < a.timeline) {
+        std::printf("timeline epoch %d step %ld: backward done at %.0f us;", epoch + 1, step, ddp.backward_end_us());
+        const auto& tl = ddp.timeline();
+        for (std::size_t b = 0; b < tl.size(); ++b)
+          std::printf(" bucket %zu (%.0f KiB) issued %.0f us, %s, finished by %.0f us;", b,
+                      static_cast<double>(ddp.buckets().buckets[b].count * sizeof(float)) / 1024.0, tl[b].launched_us,
+                      tl[b].done_before_backward_end ? "done before backward ended" : "still running when backward ended",
+                      tl[b].finished_us);
+        std::printf("\n");
+      }
+      if (rank == 0) {
+        const double el = seconds_since(t0);
+        bar.update(epoch + 1, a.epochs, step + 1, steps_per_epoch, static_cast<double>((step + 1) * a.batch) / std::max(el, 1e-9),
+                   step_loss, step_n);
+        step_loss = step_n = 0;
+      }
+    }
+    const double epoch_s = seconds_since(t0);
+
+    // ---- evaluation: each rank one shard of the test set; sums allreduced ----
+    double sums[5] = {loss_sum, seen, 0, 0, 0};  // train loss, train n, test loss, correct, test n
+    if (a.eval) {
+      std::vector<std::size_t> idx;
+      for (std::size_t i = static_cast<std::size_t>(rank); i < static_cast<std::size_t>(ds.test.count); i += static_cast<std::size_t>(world)) idx.push_back(i);
+      for (std::size_t b = 0; b < idx.size(); b += static_cast<std::size_t>(micro)) {
+        const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(micro), idx.size() - b));
+        gather(ds.test, idx.data() + b, n);
+        auto r = train::softmax_cross_entropy(net.forward(x.data(), n), y.data(), n, 10, nullptr, 0.0f);
+        sums[2] += r.loss_sum;
+        sums[3] += r.correct;
+        sums[4] += n;
+      }
+    }
+    if (auto st = comm.allreduce(sums, 5, cclite::reduce_op::sum); !st.ok()) return fail(rank, st);
+
+    // ---- checkpoint: rank 0 writes it (atomically); the next epoch starts afresh ----
+    std::string saved;
+    if (a.save && rank == 0) {
+      train::checkpoint ck;
+      ck.put_u64("epochs_done", static_cast<std::uint64_t>(epoch + 1));
+      train::save_parameters(ck, net.parameters());
+      opt.save(ck);
+      train::distributed_sampler next = sampler;
+      next.set_epoch(static_cast<std::uint64_t>(epoch + 1));
+      next.save_state(ck);
+      if (auto st = ck.save(a.checkpoint); !st.ok()) return fail(rank, st);
+      saved = ", checkpoint " + a.checkpoint;
+    }
+    if (rank == 0) {
+      std::printf("epoch %d/%d: %.2f s, %.0f samples/s, train loss %.4f", epoch + 1, a.epochs, epoch_s,
+                  sums[1] / epoch_s, sums[0] / std::max(sums[1], 1.0));
+      if (a.eval) {
+        last_accuracy = sums[3] / sums[4];
+        std::printf(", test loss %.4f, test accuracy %.4f", sums[2] / sums[4], last_accuracy);
+      }
+      std::printf("%s\n", saved.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (rank == 0) {
+    if (last_accuracy >= 0) std::printf("final test accuracy %.4f after %d epochs (%.1f s)\n", last_accuracy, a.epochs, seconds_since(job_start));
+    else std::printf("done: %d epochs (%.1f s)\n", a.epochs, seconds_since(job_start));
+  }
+  return 0;
+}
