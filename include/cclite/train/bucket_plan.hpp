@@ -30,26 +30,37 @@ struct bucket_plan {
 
   /// Plans buckets for parameters of `sizes` elements (registration order),
   /// elements of `elem_bytes` bytes. Caps of 0 mean "no cap" (one bucket).
+  /// `groups` (optional, one id per parameter) marks parameters whose
+  /// gradients become final together, e.g. a layer's weight and bias:
+  /// consecutive parameters with the same id always share a bucket, because a
+  /// bucket can only start once its last gradient is final.
   static bucket_plan make(const std::vector<std::size_t>& sizes, std::size_t elem_bytes,
-                          std::size_t first_cap_bytes, std::size_t cap_bytes) {
+                          std::size_t first_cap_bytes, std::size_t cap_bytes,
+                          const std::vector<std::size_t>& groups = {}) {
     bucket_plan p;
     p.param_offset.assign(sizes.size(), 0);
     p.param_bucket.assign(sizes.size(), 0);
     std::size_t off = 0;
-    for (std::size_t k = sizes.size(); k-- > 0;) {
-      const std::size_t bytes = sizes[k] * elem_bytes;
-      if (p.buckets.empty()) p.buckets.push_back(bucket{off, 0, 0});
-      bucket* b = &p.buckets.back();
-      const std::size_t b_cap = p.buckets.size() == 1 ? first_cap_bytes : cap_bytes;
-      if (b->params > 0 && b_cap > 0 && (b->count * elem_bytes + bytes) > b_cap) {
+    for (std::size_t end = sizes.size(); end > 0;) {
+      // The group [begin, end) in registration order, visited from the back.
+      std::size_t begin = end - 1;
+      while (!groups.empty() && begin > 0 && groups[begin - 1] == groups[end - 1]) --begin;
+      std::size_t count = 0;
+      for (std::size_t k = begin; k < end; ++k) count += sizes[k];
+      const std::size_t cap = p.buckets.size() <= 1 ? first_cap_bytes : cap_bytes;
+      if (p.buckets.empty() ||
+          (p.buckets.back().params > 0 && cap > 0 && (p.buckets.back().count + count) * elem_bytes > cap)) {
         p.buckets.push_back(bucket{off, 0, 0});
-        b = &p.buckets.back();
       }
-      p.param_offset[k] = off;
-      p.param_bucket[k] = p.buckets.size() - 1;
-      b->count += sizes[k];
-      b->params += 1;
-      off += sizes[k];
+      bucket& b = p.buckets.back();
+      for (std::size_t k = end; k-- > begin;) {
+        p.param_offset[k] = off;
+        p.param_bucket[k] = p.buckets.size() - 1;
+        b.count += sizes[k];
+        b.params += 1;
+        off += sizes[k];
+      }
+      end = begin;
     }
     p.total = off;
     return p;

@@ -16,7 +16,9 @@
 // laid out in reverse registration order (the order backward produces them)
 // and cut into buckets of at most bucket_cap_bytes, the first one capped at
 // first_bucket_cap_bytes so that communication starts early (DDP's defaults:
-// 25 MiB, first 1 MiB). A parameter is never split.
+// 25 MiB, first 1 MiB). A parameter is never split, nor are the parameters of
+// one module (same name up to the last '.', e.g. fc1.weight and fc1.bias),
+// since their gradients become final together.
 //
 // During backward, grad_ready(p) marks p's gradient final; when every gradient
 // of a bucket is final (and every earlier bucket was launched) the bucket's
@@ -299,9 +301,21 @@ class data_parallel {
   }
 
   void build_buckets() {
-    std::vector<std::size_t> sizes;
-    for (parameter* p : params_) sizes.push_back(p->size());
-    plan_ = bucket_plan::make(sizes, sizeof(float), opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes);
+    // Parameters of one module ("fc1.weight", "fc1.bias": the name up to its
+    // last '.') get their gradients at the same moment of backward, so they
+    // share a bucket: a small bias must not hold a bucket back until its
+    // layer, processed last, is done.
+    std::vector<std::size_t> sizes, groups;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      sizes.push_back(params_[i]->size());
+      const std::string& n = params_[i]->name();
+      const auto dot = n.rfind('.');
+      const bool same = i > 0 && dot != std::string::npos && dot > 0 &&
+                        params_[i - 1]->name().compare(0, dot + 1, n, 0, dot + 1) == 0 &&
+                        params_[i - 1]->name().find('.', dot + 1) == std::string::npos;
+      groups.push_back(same ? groups.back() : i);
+    }
+    plan_ = bucket_plan::make(sizes, sizeof(float), opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes, groups);
     flat_.assign(plan_.total, 0.0f);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       index_[params_[i]] = i;
