@@ -109,10 +109,12 @@ int check_all_dtypes(default_communicator& c, const std::vector<std::size_t>& co
          check_dtype<float>(c, counts) + check_dtype<double>(c, counts);
 }
 
-// The full matrix on `size` ranks under `n`. A 4 KiB chunk makes even the
-// small counts take several ring rounds; 1031 (prime) and 3001 elements are
-// not multiples of the chunk or of the rank count.
-void run_matrix(int size, net n) {
+// The full matrix on `size` ranks under `n`, with CCLITE_ALGO = `algo` (empty:
+// automatic, which picks recursive doubling for the small counts and the ring
+// for 16 MiB). A 4 KiB chunk makes even the small counts take several ring
+// rounds; 1031 (prime) and 3001 elements are not multiples of the chunk or of
+// the rank count.
+void run_matrix(int size, net n, const char* algo = "") {
   test::temp_dir dir;
   auto r = test::run_ranks(
       size,
@@ -128,8 +130,11 @@ void run_matrix(int size, net n) {
         MP_CHECK(check_one<std::int64_t>(*big, 2u << 20, reduce_op::max, true) == 0);
         return 0;
       },
-      std::chrono::seconds(240), [&](int rank) { test::set_net_env(n, rank, size); });
-  INFO("size ", size, " net ", test::to_string(n), ": ", r.describe());
+      std::chrono::seconds(240), [&](int rank) {
+        test::set_net_env(n, rank, size);
+        ::setenv("CCLITE_ALGO", algo, 1);
+      });
+  INFO("size ", size, " net ", test::to_string(n), " CCLITE_ALGO=", algo, ": ", r.describe());
   CHECK(r.all_ok());
 }
 
@@ -143,3 +148,17 @@ TEST_CASE("allreduce: 3 ranks, tcp") { run_matrix(3, net::tcp_only); }
 TEST_CASE("allreduce: 4 ranks, mixed (2 fake nodes)") { run_matrix(4, net::mixed); }
 TEST_CASE("allreduce: 5 ranks, mixed (2 fake nodes)") { run_matrix(5, net::mixed); }
 TEST_CASE("allreduce: 6 ranks, shm") { run_matrix(6, net::shm_only); }
+
+// Each algorithm forced on sizes where it takes its special paths: the ring
+// with several rounds per segment, recursive doubling with folded ranks (3, 5, 6).
+TEST_CASE("allreduce: ring forced, 3 ranks shm, 5 ranks tcp") {
+  run_matrix(3, net::shm_only, "allreduce:ring");
+  run_matrix(5, net::tcp_only, "ring");
+}
+TEST_CASE("allreduce: recursive doubling forced, 2..6 ranks") {
+  run_matrix(2, net::tcp_only, "allreduce:rd");
+  run_matrix(3, net::mixed, "allreduce:rd");
+  run_matrix(4, net::shm_only, "allreduce:rd");
+  run_matrix(5, net::shm_only, "rd");
+  run_matrix(6, net::mixed, "allreduce:rd");
+}

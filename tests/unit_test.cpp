@@ -1,6 +1,8 @@
 // Single-process unit tests: dtypes, reduction kernels, env parsing, schedules,
 // topology, the async work queue.
+#include <cclite/algorithm/recursive_doubling.hpp>
 #include <cclite/algorithm/schedule.hpp>
+#include <cclite/collective/select.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/env.hpp>
 #include <cclite/core/log.hpp>
@@ -198,4 +200,48 @@ TEST_CASE("result<T>: value or error, never both") {
 #if CCLITE_HAS_EXCEPTIONS
   CHECK_THROWS_AS(bad.value(), cclite::error);
 #endif
+}
+
+TEST_CASE("algorithm selection: automatic by size, CCLITE_ALGO overrides, typos are errors") {
+  logger log;
+  ::unsetenv("CCLITE_ALGO");
+  ::unsetenv("CCLITE_RD_MAX");
+  algorithm_selector sel;
+  REQUIRE(sel.init(log).ok());
+  CHECK(sel.choose(collective_kind::allreduce, 8, 4) == algorithm::rd);
+  CHECK(sel.choose(collective_kind::allreduce, 1 << 20, 4) == algorithm::ring);
+  CHECK(sel.choose(collective_kind::broadcast, 8, 4) == algorithm::ring);
+  ::setenv("CCLITE_ALGO", "allreduce:ring", 1);
+  algorithm_selector forced;
+  REQUIRE(forced.init(log).ok());
+  CHECK(forced.choose(collective_kind::allreduce, 8, 4) == algorithm::ring);
+  ::setenv("CCLITE_ALGO", "rd", 1);
+  algorithm_selector all_rd;
+  REQUIRE(all_rd.init(log).ok());
+  CHECK(all_rd.choose(collective_kind::allreduce, 1 << 24, 4) == algorithm::rd);
+  CHECK(all_rd.choose(collective_kind::allgather, 8, 4) == algorithm::ring);  // has no rd
+  ::setenv("CCLITE_ALGO", "allreduce:fastest", 1);
+  algorithm_selector typo;
+  CHECK(typo.init(log).code() == errc::invalid_argument);
+  ::setenv("CCLITE_ALGO", "allredux:ring", 1);
+  CHECK(algorithm_selector().init(log).code() == errc::invalid_argument);
+  ::unsetenv("CCLITE_ALGO");
+}
+
+TEST_CASE("recursive doubling: partners are symmetric and fold non-powers of two") {
+  for (int n = 1; n <= 13; ++n) {
+    for (int r = 0; r < n; ++r) {
+      int peers[64];
+      int m = recursive_doubling_peers(r, n, peers);
+      for (int i = 0; i < m; ++i) {
+        int back[64];
+        int mb = recursive_doubling_peers(peers[i], n, back);
+        bool found = false;
+        for (int j = 0; j < mb; ++j) found |= back[j] == r;
+        CHECK(found);  // a partner of r has r as its partner: links pair up
+        CHECK(peers[i] != r);
+        CHECK(peers[i] < n);
+      }
+    }
+  }
 }

@@ -19,7 +19,9 @@
 #include <cclite/algorithm/primitives.hpp>
 #include <cclite/algorithm/ring_gather.hpp>
 #include <cclite/bootstrap/store.hpp>
+#include <cclite/algorithm/recursive_doubling.hpp>
 #include <cclite/collective/op.hpp>
+#include <cclite/collective/select.hpp>
 #include <cclite/core/env.hpp>
 #include <cclite/core/log.hpp>
 #include <cclite/topology/topology.hpp>
@@ -67,6 +69,8 @@ class comm_core {
     if (!chunk) return chunk.error();
     chunk_bytes_ = opts.chunk_bytes ? opts.chunk_bytes : static_cast<std::size_t>(chunk.value());
     if (chunk_bytes_ < 4096) chunk_bytes_ = 4096;
+    CCLITE_TRY(select_.init(log_));
+    scratch_.resize(32 << 10);  // recursive doubling's receive buffer; grows only if forced larger
     const deadline until = deadline::after(timeout_);
 
     // A generation number per communicator built on this store: ranks of the
@@ -238,6 +242,25 @@ class comm_core {
     });
   }
 
+  // Recursive doubling on `recv` (send copied in first), exchanging with each
+  // partner over a direct link.
+  status run_rd_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                          const reduction& red, deadline until) {
+    const std::size_t bytes = count * red.elem_size;
+    CCLITE_TRY(local_copy(send, recv, bytes));
+    if (scratch_.size() < bytes) scratch_.resize(bytes);  // only when rd is forced on large data
+    int peers[64];
+    const int m = recursive_doubling_peers(rank_, size_, peers);
+    CCLITE_TRY(ensure_links(peers, m, until));
+    auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
+      return with_links(peer, peer, red.elem_size, nullptr, until, [&](auto& pr) -> status {
+        CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
+        return pr.finish();
+      });
+    };
+    return recursive_doubling_allreduce(recv, scratch_.data(), count, red, rank_, size_, exchange);
+  }
+
   // Gather / scatter straight between the root and each rank, in rank order.
   status run_rooted_direct(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t bytes,
                            std::size_t elem, deadline until) {
@@ -322,6 +345,8 @@ class comm_core {
   // Reused between calls so that steady-state collectives do not allocate.
   std::vector<std::size_t> scratch_len_, scratch_off_;
   std::vector<int> scratch_peers_;
+  std::vector<std::uint8_t> scratch_;
+  algorithm_selector select_;
 };
 
 }  // namespace detail

@@ -44,6 +44,7 @@ class communicator final : private detail::comm_core<Transports...>, private det
   using core::links_; using core::timeout_; using core::chunk_bytes_; using core::aborted_;
   using core::with_links; using core::ensure_links; using core::run_allgather;
   using core::run_rooted_direct; using core::run_alltoall; using core::local_copy;
+  using core::run_rd_allreduce; using core::select_;
 
  public:
 
@@ -276,6 +277,8 @@ class communicator final : private detail::comm_core<Transports...>, private det
     switch (d.kind) {
       case collective_kind::allreduce:
         if (n == 1) return local_copy(send, recv, bytes);
+        if (select_.choose(d.kind, bytes, n) == algorithm::rd)
+          return this->run_rd_allreduce(send, recv, d.count, red, until);
         return ring([&](auto& pr) { return ring_allreduce(pr, send, recv, d.count, elem, red, n, pos, chunk); });
       case collective_kind::broadcast: {
         if (n == 1) return {};
@@ -351,7 +354,9 @@ class communicator final : private detail::comm_core<Transports...>, private det
     std::uint64_t& seen = logged_[static_cast<std::size_t>(d.kind)];
     if (!(seen & bit)) {
       seen |= bit;
-      const char* algo = size_ == 1 ? "local copy" : algorithm_name(d.kind);
+      const char* algo = size_ == 1 ? "local copy"
+                         : select_.choose(d.kind, bytes, size_) == algorithm::rd ? "recursive doubling"
+                                                                                  : algorithm_name(d.kind);
       CCLITE_INFO(log_, "%s: %zu bytes (class <= 2^%d): algorithm %s, chunk %zu bytes, ring %s/%s",
                   to_string(d.kind), bytes, cls, algo, chunk_bytes_,
                   size_ > 1 ? transport_of(topo_.ring_prev(rank_)) : "self",
