@@ -1,0 +1,173 @@
+// <collective>_perf: nccl-tests' perf programs for the other collectives.
+// Built once per collective with CCLITE_PERF_<NAME> defined (bench/CMakeLists.txt):
+//   allgather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf sendrecv_perf
+//
+//   build/bin/cclite-run --nproc-per-node 4 build/bin/allgather_perf -b 8 -e 64M -f 4
+//
+// Same flags and columns as allreduce_perf, plus -a ALGO (sets CCLITE_ALGO for
+// this collective) and -r ROOT (broadcast, reduce). "size" and busbw follow
+// nccl-tests: allgather size = the gathered output, reduce_scatter size = the
+// input, alltoall size = one rank's send buffer, all with busbw = algbw (n-1)/n;
+// broadcast, reduce and sendrecv use busbw = algbw.
+#include <cclite/cclite.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/perf_args.hpp"
+#include "common/perf_check.hpp"
+
+using namespace bench;
+
+#if defined(CCLITE_PERF_ALLGATHER)
+constexpr collective_kind kind = collective_kind::allgather;
+#elif defined(CCLITE_PERF_REDUCE_SCATTER)
+constexpr collective_kind kind = collective_kind::reduce_scatter;
+#elif defined(CCLITE_PERF_BROADCAST)
+constexpr collective_kind kind = collective_kind::broadcast;
+#elif defined(CCLITE_PERF_REDUCE)
+constexpr collective_kind kind = collective_kind::reduce;
+#elif defined(CCLITE_PERF_ALLTOALL)
+constexpr collective_kind kind = collective_kind::alltoall;
+#elif defined(CCLITE_PERF_SENDRECV)
+constexpr collective_kind kind = collective_kind::sendrecv;
+#else
+#error "define one CCLITE_PERF_<COLLECTIVE>"
+#endif
+
+namespace {
+
+// Pulls -a ALGO and -r ROOT out of argv (the shared parser knows neither).
+std::string take_flag(int& argc, char** argv, const char* flag) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == flag) {
+      std::string v = argv[i + 1];
+      for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
+      argc -= 2;
+      return v;
+    }
+  }
+  return "";
+}
+
+struct shape {
+  std::size_t count;       // elements per call argument
+  std::size_t send_elems;  // this rank's send buffer
+  std::size_t recv_elems;  // this rank's recv buffer
+};
+
+shape shape_for(std::size_t bytes, std::size_t esz, std::size_t n) {
+  std::size_t per_rank = bytes / esz / n;
+  switch (kind) {
+    case collective_kind::allgather: return {per_rank, per_rank, per_rank * n};
+    case collective_kind::reduce_scatter: return {per_rank, per_rank * n, per_rank};
+    case collective_kind::alltoall: return {per_rank, per_rank * n, per_rank * n};
+    default: return {bytes / esz, bytes / esz, bytes / esz};
+  }
+}
+
+// Expected recv element i on rank `me` of `n`, as a double (inputs: value(rank, i)).
+double value(int rank, std::size_t i) { return input(rank, i); }
+double want(int me, int n, std::size_t i, std::size_t count, int root, reduce_op op) {
+  switch (kind) {
+    case collective_kind::allgather: return value(static_cast<int>(i / count), i % count);
+    case collective_kind::reduce_scatter: return expected(op, n, me * count + i);
+    case collective_kind::alltoall: return value(static_cast<int>(i / count), me * count + i % count);
+    case collective_kind::broadcast: return value(root, i);
+    case collective_kind::reduce: return expected(op, n, i);
+    default: return value((me + n - 1) % n, i);  // sendrecv from the previous rank
+  }
+}
+
+template <class T>
+std::size_t count_wrong(const std::vector<std::uint8_t>& buf, const shape& s, int me, int n, int root,
+                        reduce_op op) {
+  if (kind == collective_kind::reduce && me != root) return 0;
+  const T* t = reinterpret_cast<const T*>(buf.data());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < s.recv_elems; ++i)
+    if (to_double(t[i]) != to_double(from_double<T>(want(me, n, i, s.count, root, op)))) ++bad;
+  return bad;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string algo = take_flag(argc, argv, "-a");
+  const std::string root_flag = take_flag(argc, argv, "-r");
+  if (!algo.empty()) ::setenv("CCLITE_ALGO", (std::string(to_string(kind)) + ":" + algo).c_str(), 1);
+  const std::string prog = std::string(to_string(kind)) + "_perf";
+  auto args = parse_perf_args(argc, argv, prog.c_str());
+  if (!args) {
+    std::fprintf(stderr, "%s\n", args.error().message().c_str());
+    return 2;
+  }
+  const perf_args a = args.value();
+  auto comm = cclite::init();
+  if (!comm) {
+    std::fprintf(stderr, "%s: %s\n", prog.c_str(), comm.error().to_string().c_str());
+    return 1;
+  }
+  auto& c = *comm.value();
+  const int n = c.size(), me = c.rank(), root = root_flag.empty() ? 0 : std::atoi(root_flag.c_str());
+  const std::size_t esz = size_of(a.type), N = static_cast<std::size_t>(n);
+  const shape most = shape_for(a.max_bytes, esz, N);
+  std::vector<std::uint8_t> send(most.send_elems * esz + 64), recv(most.recv_elems * esz + 64);
+  const bool spread = kind == collective_kind::allgather || kind == collective_kind::reduce_scatter ||
+                      kind == collective_kind::alltoall;
+  perf_table table(me == 0, a, to_string(kind), n, spread ? double(n - 1) / n : 1.0);
+  table.header(c.transport_of(n > 1 ? c.topo().ring_next(me) : me));
+
+  auto once = [&](const shape& s) -> status {
+    void* sb = send.data();
+    void* rb = recv.data();
+    switch (kind) {
+      case collective_kind::allgather: return c.allgather(sb, rb, s.count, a.type);
+      case collective_kind::reduce_scatter: return c.reduce_scatter(sb, rb, s.count, a.type, a.op);
+      case collective_kind::alltoall: return c.alltoall(sb, rb, s.count, a.type);
+      case collective_kind::broadcast: return c.broadcast(rb, s.count, a.type, root);
+      case collective_kind::reduce: return c.reduce(sb, rb, s.count, a.type, a.op, root);
+      default: return c.sendrecv(sb, s.count, (me + 1) % n, rb, s.count, (me + n - 1) % n, a.type);
+    }
+  };
+  auto fill = [&](auto tag, const shape& s) {
+    using T = decltype(tag);
+    T* sb = reinterpret_cast<T*>(send.data());
+    T* rb = reinterpret_cast<T*>(recv.data());
+    for (std::size_t i = 0; i < s.send_elems; ++i) {
+      sb[i] = from_double<T>(value(me, i));  // alltoall: block p holds p*count.. of value()
+    }
+    if (kind == collective_kind::broadcast)
+      for (std::size_t i = 0; i < s.recv_elems; ++i) rb[i] = from_double<T>(me == root ? value(root, i) : -1.0);
+  };
+
+  std::size_t total_wrong = 0;
+  for (std::size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes = next_size(bytes, a)) {
+    const shape s = shape_for(bytes, esz, N);
+    perf_row row{spread ? s.count * N * esz : s.count * esz, spread ? s.count * N : s.count};
+    for (int i = 0; i < a.warmup; ++i) check(once(s));
+    check(c.barrier());
+    double t0 = now_seconds();
+    for (int i = 0; i < a.iters; ++i) check(once(s));
+    double us = (now_seconds() - t0) * 1e6 / a.iters;
+    check(c.allreduce(&us, 1, reduce_op::max));
+    std::size_t wrong = 0;
+    if (a.check) {
+      by_dtype(a.type, [&](auto tag) { fill(tag, s); });
+      check(once(s));
+      wrong = by_dtype(a.type, [&](auto tag) { return count_wrong<decltype(tag)>(recv, s, me, n, root, a.op); });
+      std::uint64_t w = wrong;
+      check(c.allreduce(&w, 1, reduce_op::sum));
+      wrong = static_cast<std::size_t>(w);
+    }
+    total_wrong += wrong;
+    row.set(0, us, wrong);
+    row.set(1, us, wrong);  // no separate in-place run: both column groups show the same call
+    table.print(row);
+    if (bytes == a.max_bytes || next_size(bytes, a) <= bytes) break;
+  }
+  table.footer();
+  return total_wrong == 0 ? 0 : 1;
+}
