@@ -86,14 +86,22 @@ else()
 endif()
 
 # The tests of the train layer (tests/trainer_test.cpp, tests/train_*_test.cpp)
-# are created by tests/CMakeLists.txt, which links only cclite_test_main; link
-# them to cclite::train too, once the whole tree is configured, so they test
-# the backend the samples use.
+# are created by tests/CMakeLists.txt, which links only cclite_test_main; once
+# the whole tree is configured, link them to cclite::train too (so they test
+# the backend the samples use), and make the sample's end-to-end test build
+# the programs it runs.
 function(_cclite_train_link_tests)
   foreach(_t IN ITEMS trainer_test train_units_test)
     if(TARGET ${_t})
       target_link_libraries(${_t} PRIVATE cclite_train)
     endif()
   endforeach()
+  if(TARGET train_sample_test)
+    foreach(_p IN ITEMS cclite-run train_fashion_mnist)
+      if(TARGET ${_p})
+        add_dependencies(train_sample_test ${_p})
+      endif()
+    endforeach()
+  endif()
 endfunction()
 cmake_language(DEFER DIRECTORY ${PROJECT_SOURCE_DIR} CALL _cclite_train_link_tests)

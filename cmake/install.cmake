@@ -9,9 +9,9 @@
 #     cclite-config.cmake                 find_package(cclite [COMPONENTS shm tcp ...])
 #     cclite-config-version.cmake         SameMinorVersion, ARCH_INDEPENDENT
 #     ccliteTargets.cmake                 cclite::core, cclite::shm (no third-party deps)
-#     cclite-<name>.cmake                 one per component, from cmake/components/: makes
-#                                         cclite::<name> on the consumer's machine once its
-#                                         dependency is found there
+#     cclite-<name>.cmake                 one per component (shm, tcp, train), from
+#                                         cmake/components/: makes cclite::<name> on the
+#                                         consumer's machine once its dependency is found there
 #   P/bin/cclite-run                      when CCLITE_BUILD_TOOLS (tools/CMakeLists.txt)
 #
 # Transports with a third-party dependency (tcp: Asio) are not exported: the
@@ -52,13 +52,20 @@ endforeach()
 # One hand-written file per component (cmake/components/cclite-<name>.cmake);
 # the config learns the list of names from what is installed here.
 file(GLOB _cclite_component_files "${PROJECT_SOURCE_DIR}/cmake/components/cclite-*.cmake")
+# Those with a transports/<name>/ folder join the installed cclite::cclite, as
+# they join the build tree's; the others (train) are linked by name.
 set(CCLITE_PACKAGE_COMPONENTS "")
+set(CCLITE_PACKAGE_TRANSPORTS "")
 foreach(_file IN LISTS _cclite_component_files)
   get_filename_component(_name "${_file}" NAME_WE)
   string(REGEX REPLACE "^cclite-" "" _name "${_name}")
   list(APPEND CCLITE_PACKAGE_COMPONENTS ${_name})
+  if(IS_DIRECTORY "${PROJECT_SOURCE_DIR}/transports/${_name}")
+    list(APPEND CCLITE_PACKAGE_TRANSPORTS ${_name})
+  endif()
 endforeach()
 list(SORT CCLITE_PACKAGE_COMPONENTS)
+list(SORT CCLITE_PACKAGE_TRANSPORTS)
 install(FILES ${_cclite_component_files} DESTINATION ${CCLITE_INSTALL_CMAKEDIR})
 
 configure_package_config_file(

@@ -1,14 +1,23 @@
 # Header self-containment (DESIGN.md: "every header compiles on its own").
 #
-# One generated TU per public header (each header set of cclite::cclite's parts:
-# include/ and transports/*/include/), compiled -std=c++17 -Wall -Wextra in
-# three object libraries:
-#   cclite_header_check_parts     each header with only its own target's usage
-#                                 requirements (a core header that needs Asio or a
-#                                 CCLITE_HAS_* macro fails here)
-#   cclite_header_check_all       each header with cclite::cclite's usage requirements
-#   cclite_header_check_noexcept  the same with -fno-exceptions -fno-rtti
-# `cmake --build build --target cclite_header_check` builds all three; ctest's
+# One generated TU per public header (the header sets of cclite::cclite's parts:
+# include/ and transports/*/include/), each including its header twice (the
+# second time checks #pragma once), compiled -std=c++17 -Wall -Wextra by:
+#   cclite_header_check_all       every header with cclite::cclite's usage
+#                                 requirements (all CCLITE_HAS_* macros, Asio)
+#   cclite_header_check_<part>    every header once more, with -fno-exceptions
+#                                 -fno-rtti and only the usage requirements of its
+#                                 own part (cclite_core, cclite_shm, cclite_tcp): a
+#                                 core header that needs Asio, a shm header or a
+#                                 CCLITE_HAS_* macro fails here
+#   cclite_header_check_train     cclite/train/ headers with cclite::train as well
+#                                 (its CBLAS path), when cmake/blas.cmake made it
+# The two passes cost one compile of every header each (the checks are ~1-2 s a
+# header); a third, -fno-exceptions with cclite::cclite's requirements, would
+# add only the tcp include of cclite.hpp / collective/init.hpp, whose headers
+# the tcp part already compiles without exceptions.
+#
+# `cmake --build build --target cclite_header_check` builds them all; ctest's
 # header_check test runs exactly that. Not part of `all`.
 #
 # CMake's VERIFY_INTERFACE_HEADER_SETS is not used: its generated targets exist
@@ -17,8 +26,13 @@
 #
 # CCLITE_HEADER_CHECK_WERROR (default ON): warnings fail the check, since every
 # consumer compiles these headers with its own warning flags.
+# CCLITE_HEADER_CHECK=OFF leaves the check out (it takes ~1 min on 2 idle cores).
 
+option(CCLITE_HEADER_CHECK "Register the header_check test (about 120 compiles)" ON)
 option(CCLITE_HEADER_CHECK_WERROR "Header check: treat warnings as errors" ON)
+if(NOT CCLITE_HEADER_CHECK)
+  return()
+endif()
 
 set(_hc_dir "${CMAKE_CURRENT_BINARY_DIR}/header_check")
 
@@ -27,6 +41,7 @@ get_target_property(_hc_parts cclite_all INTERFACE_LINK_LIBRARIES)
 list(FILTER _hc_parts INCLUDE REGEX "^cclite_")
 
 set(_hc_all_sources "")
+set(_hc_train_sources "")
 set(_hc_part_targets "")
 set(_hc_headers "")
 foreach(_hc_tgt IN LISTS _hc_parts)
@@ -72,6 +87,9 @@ foreach(_hc_tgt IN LISTS _hc_parts)
 " @ONLY)
       list(APPEND _hc_tgt_sources "${_hc_tu}")
       list(APPEND _hc_headers "${_hc_name}")
+      if(_hc_name MATCHES "^cclite/train/")
+        list(APPEND _hc_train_sources "${_hc_tu}")
+      endif()
     endforeach()
   endforeach()
   list(APPEND _hc_all_sources ${_hc_tgt_sources})
@@ -92,10 +110,15 @@ endif()
 
 add_library(cclite_header_check_all OBJECT EXCLUDE_FROM_ALL ${_hc_all_sources})
 target_link_libraries(cclite_header_check_all PRIVATE cclite::cclite)
-add_library(cclite_header_check_noexcept OBJECT EXCLUDE_FROM_ALL ${_hc_all_sources})
-target_link_libraries(cclite_header_check_noexcept PRIVATE cclite::cclite)
 
-set(_hc_targets cclite_header_check_all cclite_header_check_noexcept)
+set(_hc_targets cclite_header_check_all)
+# cclite::train (cmake/blas.cmake) adds CCLITE_HAS_CBLAS and cblas.h when a
+# BLAS was found: its headers once more with that.
+if(TARGET cclite_train AND _hc_train_sources)
+  add_library(cclite_header_check_train OBJECT EXCLUDE_FROM_ALL ${_hc_train_sources})
+  target_link_libraries(cclite_header_check_train PRIVATE cclite::cclite cclite_train)
+  list(APPEND _hc_targets cclite_header_check_train)
+endif()
 foreach(_hc_tgt IN LISTS _hc_part_targets)
   list(APPEND _hc_targets cclite_header_check_${_hc_tgt})
 endforeach()
@@ -109,11 +132,13 @@ foreach(_hc_tgt IN LISTS _hc_targets)
     target_compile_options(${_hc_tgt} PRIVATE /W4 $<$<BOOL:${CCLITE_HEADER_CHECK_WERROR}>:/WX>)
   endif()
 endforeach()
-if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-  target_compile_options(cclite_header_check_noexcept PRIVATE -fno-exceptions -fno-rtti)
-elseif(MSVC)
-  target_compile_options(cclite_header_check_noexcept PRIVATE /EHs-c- /GR-)
-endif()
+foreach(_hc_tgt IN LISTS _hc_part_targets)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(cclite_header_check_${_hc_tgt} PRIVATE -fno-exceptions -fno-rtti)
+  elseif(MSVC)
+    target_compile_options(cclite_header_check_${_hc_tgt} PRIVATE /EHs-c- /GR-)
+  endif()
+endforeach()
 
 add_custom_target(cclite_header_check)
 add_dependencies(cclite_header_check ${_hc_targets})
@@ -131,7 +156,7 @@ add_test(NAME header_check
 set_tests_properties(header_check PROPERTIES LABELS "package" TIMEOUT 600 PROCESSORS ${_hc_jobs})
 
 message(VERBOSE "header_check: ${_hc_count} headers")
-foreach(_v IN ITEMS _hc_dir _hc_parts _hc_all_sources _hc_part_targets _hc_headers _hc_tgt _hc_sets
+foreach(_v IN ITEMS _hc_dir _hc_parts _hc_all_sources _hc_train_sources _hc_part_targets _hc_headers _hc_tgt _hc_sets
         _hc_tgt_sources _hc_set _hc_files _hc_bases _hc_file _hc_name _hc_base _hc_rel _hc_stem _hc_tu
         _hc_count _hc_dups _hc_unique _hc_targets _hc_jobs)
   unset(${_v})

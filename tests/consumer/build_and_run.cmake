@@ -5,7 +5,7 @@
 #         [-DCXX_COMPILER=..] [-DCXX_FLAGS=..] [-DTOOLCHAIN_FILE=..] [-DCONFIG=<cfg>]
 #         [-DARGS=-Da=1|-Db=2]   extra configure arguments, '|'-separated
 #         [-DEXPECT_CONFIGURE_ERROR=<regex>]  configure must fail, saying this
-#         [-DEMULATOR=..] [-DRUN=OFF]  -P build_and_run.cmake
+#         [-DEMULATOR=cmd|arg] [-DRUN=OFF]  -P build_and_run.cmake
 cmake_minimum_required(VERSION 3.24)
 foreach(v SOURCE_DIR BINARY_DIR GENERATOR)
   if(NOT ${v})
@@ -86,5 +86,6 @@ set(ENV{CCLITE_WORLD_SIZE} 1)
 if(NOT DEFINED ENV{CCLITE_TIMEOUT})
   set(ENV{CCLITE_TIMEOUT} 60)
 endif()
+string(REPLACE "|" ";" EMULATOR "${EMULATOR}")
 run_step(run ${EMULATOR} "${BINARY_DIR}/bin/cclite_consumer")
 message(STATUS "${out}")
