@@ -118,7 +118,10 @@ class comm_core {
                 topo_.local_size(rank_), topo_.describe(peers_).c_str());
     CCLITE_TRY(choose_transports());
     links_.resize(static_cast<std::size_t>(size_));
-    if (size_ > 1) CCLITE_TRY(connect_ring(until));
+    if (size_ > 1) {
+      CCLITE_TRY(connect_ring(until));
+      CCLITE_TRY(fit_chunk_to_buffers(until));
+    }
     return {};
   }
 
@@ -156,6 +159,34 @@ class comm_core {
                 transport_of(topo_.ring_next(rank_)));
     return {};
   }
+
+  // A ring round must fit in every link's buffer, or ranks that all send
+  // before they receive deadlock. Links differ per rank (shm inside a node,
+  // tcp across), and all ranks must use the same rounds, so the chunk is a
+  // quarter of the smallest ring link buffer anywhere.
+  status fit_chunk_to_buffers(deadline until) {
+    std::size_t mine = SIZE_MAX;
+    for (int p : {topo_.ring_prev(rank_), topo_.ring_next(rank_)}) {
+      std::visit([&](const auto& l) {
+        if constexpr (has_capacity<std::decay_t<decltype(l)>>::value) mine = std::min(mine, l.capacity());
+      }, links_[static_cast<std::size_t>(p)]);
+    }
+    auto all = store_allgather(*kv_, "bufmin", rank_, size_, std::to_string(mine), until);
+    if (!all) return all.error();
+    std::size_t least = SIZE_MAX;
+    for (const auto& v : all.value()) least = std::min<std::size_t>(least, std::strtoull(v.c_str(), nullptr, 10));
+    if (least != SIZE_MAX && chunk_bytes_ > least / 4) {
+      const std::size_t fitted = std::max<std::size_t>(4096, align_down(least / 4, 4096));
+      CCLITE_INFO(log_, "chunk %zu bytes lowered to %zu: the smallest ring link buffer is %zu bytes",
+                  chunk_bytes_, fitted, least);
+      chunk_bytes_ = fitted;
+    }
+    return {};
+  }
+  template <class L, class = void>
+  struct has_capacity : std::false_type {};
+  template <class L>
+  struct has_capacity<L, std::void_t<decltype(std::declval<const L&>().capacity())>> : std::true_type {};
 
   status connect_peer(int p, deadline until) {
     auto l = transports_->connect(choice_[static_cast<std::size_t>(p)], p, until);
