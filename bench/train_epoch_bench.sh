@@ -10,7 +10,10 @@
 # configuration (default 3); -e epochs per run (default 3); -f first bucket cap
 # in KiB (default 256: the last two layers' gradients go in a bucket of their
 # own, reduced while the first layer's backward runs); -o optimizer (default
-# sgd); last argument: the build directory (default build).
+# sgd); -p: run every job in a session of its own at autogroup nice -20 (root
+# only; for a machine where other sessions' builds compete: Linux shares the
+# CPUs between sessions first, so a 2-rank job would otherwise get about one
+# core's worth); last argument: the build directory (default build).
 #
 # Per run, the epoch time is the median over its epochs (training only: no
 # evaluation, no checkpoint); the table shows the median over the runs, which
@@ -22,13 +25,15 @@ runs=3
 epochs=3
 first_kb=256
 optimizer=sgd
-while getopts "b:r:e:f:o:" opt; do
+prio=""
+while getopts "b:r:e:f:o:p" opt; do
   case $opt in
     b) batches=$OPTARG ;;
     r) runs=$OPTARG ;;
     e) epochs=$OPTARG ;;
     f) first_kb=$OPTARG ;;
     o) optimizer=$OPTARG ;;
+    p) prio=1 ;;
     *) sed -n '2,20p' "$0"; exit 2 ;;
   esac
 done
@@ -41,8 +46,16 @@ export OPENBLAS_NUM_THREADS=1
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 # One run: prints "<median epoch s> <median synchronize s>".
+launch() {
+  if [ -n "$prio" ]; then
+    setsid sh -c 'echo -20 > /proc/$$/autogroup; exec "$@"' sh "$@"
+  else
+    "$@"
+  fi
+}
+
 run_once() {  # ranks batch
-  "$bin/cclite-run" --nproc-per-node "$1" "$bin/train_fashion_mnist" --epochs "$epochs" --batch "$2" \
+  launch "$bin/cclite-run" --nproc-per-node "$1" "$bin/train_fashion_mnist" --epochs "$epochs" --batch "$2" \
     --threads 1 --optimizer "$optimizer" --first-bucket-kb "$first_kb" --no-eval --no-checkpoint \
     --progress none > "$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
   e=$(grep -o 'epoch [0-9]*/[0-9]*: [0-9.]* s' "$tmp/out" | awk '{ print $3 }' | median)
@@ -53,7 +66,7 @@ run_once() {  # ranks batch
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "# train_fashion_mnist epoch time, MLP 784-256-128-10, $optimizer, 1 compute thread per rank,"
-echo "# first bucket cap ${first_kb} KiB, $runs interleaved runs x $epochs epochs; $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# first bucket cap ${first_kb} KiB, $runs interleaved runs x $epochs epochs; $(nproc) cores, load before: $(cut -d' ' -f1-3 /proc/loadavg)${prio:+, autogroup nice -20}"
 printf "# %6s %12s %12s %8s %14s   %s\n" "batch" "1 rank (s)" "2 ranks (s)" "ratio" "2r sync (s)" "raw: 1 rank | 2 ranks"
 for b in $batches; do
   one="" two="" sync=""
@@ -75,6 +88,6 @@ done
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo "# overlap: bucket timeline of the first steps of epoch 2, 2 ranks, batch ${batches%% *} (rank 0)"
-"$bin/cclite-run" --nproc-per-node 2 "$bin/train_fashion_mnist" --epochs 2 --batch "${batches%% *}" --threads 1 \
+launch "$bin/cclite-run" --nproc-per-node 2 "$bin/train_fashion_mnist" --epochs 2 --batch "${batches%% *}" --threads 1 \
   --optimizer "$optimizer" --first-bucket-kb "$first_kb" --no-eval --no-checkpoint --progress none --timeline 4 2>&1 |
   grep -E 'buckets:|timeline epoch 2' || true

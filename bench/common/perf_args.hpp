@@ -114,8 +114,11 @@ struct perf_row {
 /// Prints nccl-tests columns on rank 0 and appends JSON lines to -J.
 class perf_table {
  public:
-  perf_table(bool printer, const perf_args& a, const char* coll, int nranks, double bus_factor)
-      : on_(printer), a_(a), coll_(coll), nranks_(nranks), factor_(bus_factor) {
+  /// `impl` names the implementation in the header line and the JSON "impl" field
+  /// (compare_mpi passes "mpi"; plot.sh and compare.sh key on it).
+  perf_table(bool printer, const perf_args& a, const char* coll, int nranks, double bus_factor,
+             const char* impl = "cclite")
+      : on_(printer), a_(a), coll_(coll), impl_(impl), nranks_(nranks), factor_(bus_factor) {
     if (on_ && !a.json.empty()) json_ = std::fopen(a.json.c_str(), "a");
   }
   ~perf_table() {
@@ -124,8 +127,9 @@ class perf_table {
 
   void header(const char* transport) {
     if (!on_) return;
-    std::printf("# cclite %s_perf: %d ranks, ring via %s, %d iters, %d warmup\n", coll_, nranks_,
-                transport, a_.iters, a_.warmup);
+    std::printf("# %s %s_perf: %d ranks, %s %s, %d iters, %d warmup\n", impl_, coll_, nranks_,
+                std::strcmp(impl_, "cclite") == 0 ? "ring via" : "via", transport, a_.iters,
+                a_.warmup);
     std::printf("#%11s %12s %8s %6s   %30s   %30s\n", "", "", "", "", "out-of-place", "in-place");
     std::printf("#%11s %12s %8s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "size", "count", "type",
                 "redop", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
@@ -145,10 +149,10 @@ class perf_table {
       if (k == 0) sum_busbw_ += busbw, ++rows_;
       if (json_) {
         std::fprintf(json_,
-                     "{\"impl\":\"cclite\",\"collective\":\"%s\",\"ranks\":%d,\"size\":%zu,"
+                     "{\"impl\":\"%s\",\"collective\":\"%s\",\"ranks\":%d,\"size\":%zu,"
                      "\"count\":%zu,\"type\":\"%s\",\"redop\":\"%s\",\"inplace\":%d,"
                      "\"time_us\":%.3f,\"algbw\":%.4f,\"busbw\":%.4f,\"wrong\":%zu}\n",
-                     coll_, nranks_, r.bytes, r.count, cclite::to_string(a_.type),
+                     impl_, coll_, nranks_, r.bytes, r.count, cclite::to_string(a_.type),
                      cclite::to_string(a_.op), k, r.us[k], algbw, busbw, r.wrong[k]);
       }
     }
@@ -165,6 +169,7 @@ class perf_table {
   bool on_;
   perf_args a_;
   const char* coll_;
+  const char* impl_;
   int nranks_;
   double factor_;
   FILE* json_ = nullptr;

@@ -1,0 +1,157 @@
+// allreduce_perf_mpi: allreduce_perf's twin on MPI_Allreduce, the peer that cclite's
+// allreduce numbers are printed beside (bench/compare.sh runs both back to back).
+//
+//   mpirun -np 2 --mca pml ob1 --mca btl self,vader build/bin/allreduce_perf_mpi -b 8 -e 64M -f 4
+//   mpirun -np 2 --mca pml ob1 --mca btl self,tcp   build/bin/allreduce_perf_mpi -b 8 -e 64M -f 4
+//
+// Same flags, loop, timing and columns as allreduce_perf (bench/common/perf_args.hpp):
+// warmup, barrier, -n timed calls, time = the slowest rank's mean per call, then one
+// checked call on fresh inputs for #wrong; out-of-place and in-place (MPI_IN_PLACE).
+// JSON lines (-J) carry "impl":"mpi".
+//
+// dtypes: those MPI has (int8 uint8 int32 uint32 int64 uint64 float double);
+// half and bfloat16 are refused (MPI has no standard 16-bit float type).
+// ops: sum prod min max; avg is MPI_SUM followed by a local divide by the rank count
+// (MPI has no MPI_AVG), so the divide pass is inside the timed call, as it is in cclite.
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <cclite/core/clock.hpp>
+
+#include "common/perf_args.hpp"
+#include "common/perf_check.hpp"
+
+namespace {
+
+bool mpi_type(cclite::dtype t, MPI_Datatype& out) {
+  using cclite::dtype;
+  switch (t) {
+    case dtype::int8: out = MPI_INT8_T; return true;
+    case dtype::uint8: out = MPI_UINT8_T; return true;
+    case dtype::int32: out = MPI_INT32_T; return true;
+    case dtype::uint32: out = MPI_UINT32_T; return true;
+    case dtype::int64: out = MPI_INT64_T; return true;
+    case dtype::uint64: out = MPI_UINT64_T; return true;
+    case dtype::float32: out = MPI_FLOAT; return true;
+    case dtype::float64: out = MPI_DOUBLE; return true;
+    default: return false;  // float16, bfloat16
+  }
+}
+
+MPI_Op mpi_op(cclite::reduce_op op) {
+  using cclite::reduce_op;
+  switch (op) {
+    case reduce_op::prod: return MPI_PROD;
+    case reduce_op::min: return MPI_MIN;
+    case reduce_op::max: return MPI_MAX;
+    default: return MPI_SUM;  // sum, and avg (divided afterwards)
+  }
+}
+
+// avg: the local divide after MPI_SUM (integers truncate, like the expected values).
+template <class T>
+void divide(void* p, std::size_t count, int n) {
+  if constexpr (std::is_arithmetic_v<T>) {  // half/bfloat16 never get here (refused above)
+    T* t = static_cast<T*>(p);
+    for (std::size_t i = 0; i < count; ++i) t[i] = static_cast<T>(t[i] / static_cast<T>(n));
+  }
+}
+
+// "Open MPI v4.1.4, ..." -> first line only, and the btl/pml mpirun passed down.
+std::string describe_mpi() {
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  std::string s(lib, static_cast<std::size_t>(len));
+  s = s.substr(0, s.find_first_of(",\n"));
+  for (const char* var : {"OMPI_MCA_pml", "OMPI_MCA_btl"}) {
+    if (const char* v = std::getenv(var)) s += std::string(" ") + (var + 9) + "=" + v;
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  auto args = bench::parse_perf_args(argc, argv, "allreduce_perf_mpi");
+  if (!args) {
+    if (rank == 0) std::fprintf(stderr, "%s\n", args.error().message().c_str());
+    MPI_Finalize();
+    return 2;
+  }
+  const bench::perf_args a = args.value();
+  MPI_Datatype type;
+  if (!mpi_type(a.type, type)) {
+    if (rank == 0)
+      std::fprintf(stderr,
+                   "allreduce_perf_mpi: -d %s: MPI has no standard type for it; use one of int8 "
+                   "uint8 int32 uint32 int64 uint64 float double\n",
+                   cclite::to_string(a.type));
+    MPI_Finalize();
+    return 2;
+  }
+  const MPI_Op op = mpi_op(a.op);
+  const bool avg = a.op == cclite::reduce_op::avg;
+  const std::size_t esz = cclite::size_of(a.type);
+  const std::size_t max_count = a.max_bytes / esz;
+  if (max_count > static_cast<std::size_t>(INT32_MAX)) {
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf_mpi: -e exceeds MPI's int count\n");
+    MPI_Finalize();
+    return 2;
+  }
+  // Buffers allocated and touched once, outside the timed loop (as allreduce_perf).
+  std::vector<std::uint8_t> send(max_count * esz + 64), recv(max_count * esz + 64);
+
+  bench::perf_table table(rank == 0, a, "allreduce", size, 2.0 * (size - 1) / size, "mpi");
+  const std::string via = describe_mpi();
+  table.header(via.c_str());
+  std::size_t total_wrong = 0;
+  for (std::size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes = bench::next_size(bytes, a)) {
+    const std::size_t count = bytes / esz;
+    const int icount = static_cast<int>(count);
+    bench::perf_row row{count * esz, count};
+    for (int in_place = 0; in_place < 2; ++in_place) {
+      void* sbuf = send.data();
+      void* rbuf = in_place ? send.data() : recv.data();
+      auto once = [&] {
+        MPI_Allreduce(in_place ? MPI_IN_PLACE : sbuf, rbuf, icount, type, op, MPI_COMM_WORLD);
+        if (avg) bench::by_dtype(a.type, [&](auto tag) { divide<decltype(tag)>(rbuf, count, size); });
+      };
+      for (int i = 0; i < a.warmup; ++i) once();
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = cclite::now_seconds();
+      for (int i = 0; i < a.iters; ++i) once();
+      double us = (cclite::now_seconds() - t0) * 1e6 / a.iters;
+      MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      std::size_t wrong = 0;
+      if (a.check) {
+        bench::by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(sbuf, count, rank); });
+        once();
+        wrong = bench::by_dtype(a.type, [&](auto tag) {
+          return bench::count_wrong<decltype(tag)>(rbuf, count, a.op, size);
+        });
+        unsigned long long w = wrong;
+        MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+        wrong = static_cast<std::size_t>(w);
+      }
+      total_wrong += wrong;
+      row.set(in_place, us, wrong);
+    }
+    table.print(row);
+    if (bytes == a.max_bytes || bench::next_size(bytes, a) <= bytes) break;
+  }
+  table.footer();
+  MPI_Finalize();
+  return total_wrong == 0 ? 0 : 1;
+}
