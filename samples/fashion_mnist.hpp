@@ -13,6 +13,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -40,56 +41,66 @@ inline std::uint32_t be32(const unsigned char* b) {
   return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) | b[3];
 }
 
-// Reads the whole of `path` (or `path` without ".gz") through zlib.
-inline cclite::status read_gz(const std::string& path, std::vector<std::uint8_t>& out, std::string& used) {
-  std::string candidates[2] = {path, path.substr(0, path.size() - 3)};
+// Reads the IDX file `path` (or `path` without ".gz") through zlib: the
+// big-endian header first, then the payload straight into `out` (sized once
+// from the header's dimensions; no growing and copying of 47 MB).
+inline cclite::status read_idx(const std::string& path, std::uint32_t magic, std::vector<std::uint32_t>& dims,
+                               std::vector<std::uint8_t>& out, std::string& used) {
+  const std::string candidates[2] = {path, path.substr(0, path.size() - 3)};
   for (const std::string& p : candidates) {
     std::FILE* probe = std::fopen(p.c_str(), "rb");
     if (!probe) continue;
     std::fclose(probe);
+    used = p;
     gzFile f = gzopen(p.c_str(), "rb");
     if (!f) return cclite::make_error(cclite::errc::system_error, "cannot open %s", p.c_str());
-    gzbuffer(f, 1 << 17);
-    unsigned char buf[1 << 16];
-    int n;
-    while ((n = gzread(f, buf, sizeof buf)) > 0) out.insert(out.end(), buf, buf + n);
-    int err = 0;
-    const char* msg = gzerror(f, &err);
-    gzclose(f);
-    if (n < 0 || (err != Z_OK && err != Z_STREAM_END)) {
-      return cclite::make_error(cclite::errc::protocol_error, "%s: damaged gzip data (%s)", p.c_str(), msg);
+    gzbuffer(f, 1 << 18);
+    auto fail = [&](const char* what) {
+      int err = 0;
+      const char* msg = gzerror(f, &err);
+      cclite::status st = cclite::make_error(cclite::errc::protocol_error, "%s: %s%s%s", p.c_str(), what,
+                                             err != Z_OK ? ": " : "", err != Z_OK ? msg : "");
+      gzclose(f);
+      return st;
+    };
+    unsigned char head[4];
+    if (gzread(f, head, 4) != 4) return fail("too short for an IDX header");
+    if (be32(head) != magic) return fail(magic == 0x803 ? "not an IDX image file (magic)" : "not an IDX label file (magic)");
+    std::size_t total = 1;
+    dims.clear();
+    for (unsigned d = 0; d < (magic & 0xffu); ++d) {
+      if (gzread(f, head, 4) != 4) return fail("truncated IDX header");
+      dims.push_back(be32(head));
+      if (dims.back() == 0 || dims.back() > (1u << 26)) return fail("implausible IDX dimension");
+      total *= dims.back();
+      if (total > (std::size_t{1} << 32)) return fail("implausible IDX size");
     }
-    used = p;
+    out.resize(total);
+    std::size_t got = 0;
+    while (got < total) {
+      const unsigned want = static_cast<unsigned>(std::min<std::size_t>(total - got, 1u << 30));
+      const int n = gzread(f, out.data() + got, want);
+      if (n <= 0) return fail("truncated (fewer bytes than its header announces)");
+      got += static_cast<std::size_t>(n);
+    }
+    gzclose(f);
     return {};
   }
   return cclite::make_error(cclite::errc::invalid_argument, "missing %s", path.c_str());
 }
 
 inline cclite::status read_set(const std::string& dir, const std::string& prefix, image_set& s) {
-  std::vector<std::uint8_t> img, lab;
+  std::vector<std::uint32_t> idims, ldims;
   std::string img_path, lab_path;
-  CCLITE_TRY(read_gz(dir + "/" + prefix + "-images-idx3-ubyte.gz", img, img_path));
-  CCLITE_TRY(read_gz(dir + "/" + prefix + "-labels-idx1-ubyte.gz", lab, lab_path));
-  if (img.size() < 16 || be32(img.data()) != 0x803)
-    return cclite::make_error(cclite::errc::protocol_error, "%s: not an IDX image file (magic)", img_path.c_str());
-  if (lab.size() < 8 || be32(lab.data()) != 0x801)
-    return cclite::make_error(cclite::errc::protocol_error, "%s: not an IDX label file (magic)", lab_path.c_str());
-  const std::uint32_t n = be32(img.data() + 4), rows = be32(img.data() + 8), cols = be32(img.data() + 12);
-  const std::uint32_t nl = be32(lab.data() + 4);
-  if (n == 0 || rows == 0 || cols == 0 || rows > 4096 || cols > 4096 || n > (1u << 26))
-    return cclite::make_error(cclite::errc::protocol_error, "%s: implausible shape %u x %u x %u", img_path.c_str(), n, rows, cols);
-  if (img.size() != 16 + std::size_t{n} * rows * cols)
-    return cclite::make_error(cclite::errc::protocol_error, "%s: %zu bytes, expected %zu (truncated?)", img_path.c_str(),
-                              img.size(), 16 + std::size_t{n} * rows * cols);
-  if (nl != n || lab.size() != 8 + std::size_t{n})
-    return cclite::make_error(cclite::errc::protocol_error, "%s: %u labels for %u images", lab_path.c_str(), nl, n);
-  for (std::size_t i = 8; i < lab.size(); ++i)
-    if (lab[i] > 9) return cclite::make_error(cclite::errc::protocol_error, "%s: label %u out of 0..9", lab_path.c_str(), lab[i]);
-  s.count = static_cast<int>(n);
-  s.rows = static_cast<int>(rows);
-  s.cols = static_cast<int>(cols);
-  s.pixels.assign(img.begin() + 16, img.end());
-  s.labels.assign(lab.begin() + 8, lab.end());
+  CCLITE_TRY(read_idx(dir + "/" + prefix + "-images-idx3-ubyte.gz", 0x803, idims, s.pixels, img_path));
+  CCLITE_TRY(read_idx(dir + "/" + prefix + "-labels-idx1-ubyte.gz", 0x801, ldims, s.labels, lab_path));
+  if (ldims[0] != idims[0])
+    return cclite::make_error(cclite::errc::protocol_error, "%s: %u labels for %u images", lab_path.c_str(), ldims[0], idims[0]);
+  for (std::uint8_t l : s.labels)
+    if (l > 9) return cclite::make_error(cclite::errc::protocol_error, "%s: label %u out of 0..9", lab_path.c_str(), l);
+  s.count = static_cast<int>(idims[0]);
+  s.rows = static_cast<int>(idims[1]);
+  s.cols = static_cast<int>(idims[2]);
   return {};
 }
 

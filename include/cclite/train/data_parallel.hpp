@@ -54,6 +54,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -106,6 +107,7 @@ class data_parallel {
   data_parallel& operator=(data_parallel&& o) noexcept {
     if (this != &o) {
       drain();
+      for (parameter* p : params_) p->use_own_grad();  // flat_ is about to go
       comm_ = o.comm_;
       params_ = std::move(o.params_);
       index_ = std::move(o.index_);
@@ -184,6 +186,11 @@ class data_parallel {
     ready_[i] = 1;
     const std::size_t b = plan_.param_bucket[i];
     if (--remaining_[b] == 0) launch_ready();
+    // With one core per rank, a woken communicator thread may wait for this
+    // thread's time slice to end (EEVDF lets the running task finish its
+    // slice); yielding here, between layers, lets an issued allreduce make
+    // progress while backward continues.
+    if (!poll_done()) std::this_thread::yield();
   }
 
   /// Completes the step's communication: issues every bucket not yet issued,
@@ -191,13 +198,15 @@ class data_parallel {
   /// once on one rank or while sync is off.
   status synchronize() {
     if (!broken_.ok()) return broken_;
-    if (!sync_ || size() == 1) return {};
+    if (!sync_ || size() == 1 || plan_.buckets.empty()) return {};
     const auto backward_end = clock::now();
     if (marked_ == 0) step_start_ = backward_end;  // nobody called grad_ready: nothing overlapped
+    poll_done();
     timeline_.assign(plan_.buckets.size(), bucket_event{});
     for (std::size_t b = 0; b < next_launch_; ++b) {
       timeline_[b].launched_us = micros(slots_[b].launched - step_start_);
-      timeline_[b].done_before_backward_end = slots_[b].w.done();
+      timeline_[b].done_before_backward_end = slots_[b].seen_done != clock::time_point{};
+      if (timeline_[b].done_before_backward_end) timeline_[b].finished_us = micros(slots_[b].seen_done - step_start_);
     }
     backward_end_us_ = micros(backward_end - step_start_);
     // Buckets not issued yet (the last one, and any whose parameters were not
@@ -210,7 +219,7 @@ class data_parallel {
     }
     status first;
     auto note = [&](std::size_t b, const status& st) {
-      timeline_[b].finished_us = micros(clock::now() - step_start_);
+      if (!timeline_[b].done_before_backward_end) timeline_[b].finished_us = micros(clock::now() - step_start_);
       if (!st.ok() && first.ok())
         first = status(st.code(), "data_parallel: allreduce of bucket " + std::to_string(b) + ": " + st.message());
     };
@@ -230,8 +239,8 @@ class data_parallel {
   /// first grad_ready of that step (roughly the start of backward).
   struct bucket_event {
     double launched_us = 0;              ///< when the allreduce was issued
-    double finished_us = 0;              ///< when synchronize() saw it finish (an upper bound)
-    bool done_before_backward_end = false;  ///< already finished when synchronize() was called
+    double finished_us = 0;              ///< when it was first seen finished (an upper bound)
+    bool done_before_backward_end = false;  ///< finished before synchronize() was called
   };
   const std::vector<bucket_event>& timeline() const noexcept { return timeline_; }
   /// When synchronize() was called (backward finished), same clock as timeline().
@@ -242,7 +251,19 @@ class data_parallel {
     decltype(std::declval<Comm&>().allreduce_async(static_cast<float*>(nullptr), std::size_t{0},
                                                    reduce_op::avg)) w;
     clock::time_point launched{};
+    clock::time_point seen_done{};  // first time done() was seen true this step
   };
+
+  // Notes which issued buckets have finished; true if all of them have.
+  bool poll_done() {
+    bool all = true;
+    for (std::size_t b = 0; b < next_launch_; ++b) {
+      if (slots_[b].seen_done != clock::time_point{}) continue;
+      if (slots_[b].w.done()) slots_[b].seen_done = clock::now();
+      else all = false;
+    }
+    return all;
+  }
 
   data_parallel(Comm& comm, parameter_list params, dp_options opts)
       : comm_(&comm), params_(std::move(params)), opts_(opts) {}
@@ -345,6 +366,7 @@ class data_parallel {
   void launch(std::size_t b) {
     const auto& bk = plan_.buckets[b];
     slots_[b].launched = clock::now();
+    slots_[b].seen_done = clock::time_point{};
     slots_[b].w = comm_->allreduce_async(flat_.data() + bk.offset, bk.count, reduce_op::avg);
   }
 

@@ -27,6 +27,7 @@
 #include <arm_neon.h>
 #endif
 
+#include <cclite/config.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/train/checkpoint.hpp>
 #include <cclite/train/parameter.hpp>
@@ -53,18 +54,37 @@ class sgd {
   std::uint64_t steps() const noexcept { return steps_; }
 
   void step() {
+    // Options in locals and one branch-free loop per case, with restrict
+    // pointers: otherwise the compiler must assume the stores through w may
+    // change o_ and reloads it per element, and the loop stays scalar.
+    const float lr = o_.lr, wd = o_.weight_decay, mu = o_.momentum;
+    const bool first = steps_ == 0, nesterov = o_.nesterov;
     for (std::size_t k = 0; k < params_.size(); ++k) {
-      float* w = params_[k]->value();
-      const float* g = params_[k]->grad();
-      float* b = buf_[k].data();
+      float* CCLITE_RESTRICT w = params_[k]->value();
+      const float* CCLITE_RESTRICT g = params_[k]->grad();
+      float* CCLITE_RESTRICT b = buf_[k].data();
       const std::size_t n = params_[k]->size();
-      for (std::size_t i = 0; i < n; ++i) {
-        float d = g[i] + o_.weight_decay * w[i];
-        if (o_.momentum != 0.0f) {
-          b[i] = steps_ == 0 ? d : o_.momentum * b[i] + d;
-          d = o_.nesterov ? d + o_.momentum * b[i] : b[i];
+      if (mu == 0.0f) {
+        for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+      } else if (first) {
+        for (std::size_t i = 0; i < n; ++i) {
+          const float d = g[i] + wd * w[i];
+          b[i] = d;
+          w[i] -= lr * (nesterov ? d + mu * d : d);
         }
-        w[i] -= o_.lr * d;
+      } else if (!nesterov) {
+        for (std::size_t i = 0; i < n; ++i) {
+          const float v = mu * b[i] + (g[i] + wd * w[i]);
+          b[i] = v;
+          w[i] -= lr * v;
+        }
+      } else {
+        for (std::size_t i = 0; i < n; ++i) {
+          const float d = g[i] + wd * w[i];
+          const float v = mu * b[i] + d;
+          b[i] = v;
+          w[i] -= lr * (d + mu * v);
+        }
       }
     }
     ++steps_;

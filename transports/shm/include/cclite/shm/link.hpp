@@ -96,10 +96,22 @@ class link {
     in_ = fifo_reader(&hdr_->fifo[in], hdr_->ring(in), cap);
     my_bell_ = &hdr_->bell[p.side];
     peer_bell_ = &hdr_->bell[1 - p.side];
+    prefault(hdr_->ring(out), hdr_->ring(in), cap);
   }
 
   link(const link&) = delete;
   link& operator=(const link&) = delete;
+
+  // MAP_POPULATE maps a shared segment's pages but the first *write* to each
+  // still faults (6-8 us per 4 KiB page on these VMs; bench/machine_limits
+  // fault_shm), which made the first ~4 MiB through every FIFO slow. So this
+  // side writes its outgoing ring once now (nothing was committed yet, the
+  // peer reads none of it) and reads its incoming ring.
+  static void prefault(std::uint8_t* out, const std::uint8_t* in, std::size_t cap) noexcept {
+    std::memset(out, 0, cap);
+    const volatile std::uint8_t* r = in;
+    for (std::size_t i = 0; i < cap; i += 4096) (void)r[i];
+  }
   link(link&& o) noexcept { take(o); }
   link& operator=(link&& o) noexcept {
     if (this != &o) {

@@ -1,0 +1,152 @@
+// The sample trainer as users run it: build/bin/cclite-run --nproc-per-node 2
+// build/bin/train_fashion_mnist on Debian's dataset-fashion-mnist. Short runs
+// (--max-steps) check: a missing dataset names the package; training and
+// --resume continue where the checkpoint left off; a job killed mid-epoch
+// resumes from its last complete epoch; a truncated or corrupt checkpoint is
+// refused with a message, and nothing is trained from it.
+#include <cclite/train/checkpoint.hpp>
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/mp.hpp"
+
+namespace train = cclite::train;
+
+namespace {
+
+std::string bin_dir() {
+  const char* d = std::getenv("CCLITE_BIN_DIR");
+  return d ? d : "build/bin";
+}
+std::string trainer() { return bin_dir() + "/train_fashion_mnist"; }
+bool have_trainer() { return ::access(trainer().c_str(), X_OK) == 0; }
+bool have_dataset() { return ::access("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz", R_OK) == 0; }
+
+struct run_out {
+  int rc = -1;
+  std::string text;
+};
+
+run_out sh(const std::string& cmd) {
+  run_out out;
+  FILE* p = ::popen(("CCLITE_TIMEOUT=60 " + cmd + " 2>&1").c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) out.text += buf;
+  int st = ::pclose(p);
+  out.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return out;
+}
+
+bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// 2 ranks, short epochs (40 steps of 64), small model: a couple of seconds a run.
+std::string job(const std::string& args) {
+  return bin_dir() + "/cclite-run --timeout 120 --nproc-per-node 2 " + trainer() +
+         " --hidden 64 --max-steps 40 --progress lines " + args;
+}
+
+}  // namespace
+
+TEST_CASE("train_fashion_mnist: a missing dataset names the package to install") {
+  if (!have_trainer()) {
+    MESSAGE("train_fashion_mnist not built (no zlib): skipped");
+    return;
+  }
+  cclite::test::temp_dir dir;
+  run_out r = sh(trainer() + " --data " + dir.path + "/nothing-here --epochs 1");
+  INFO(r.text);
+  CHECK(r.rc != 0);
+  CHECK(has(r.text, "dataset-fashion-mnist"));
+  CHECK(has(r.text, "--data"));
+}
+
+TEST_CASE("train_fashion_mnist: train, resume, kill mid-epoch and resume, refuse a damaged checkpoint") {
+  if (!have_trainer() || !have_dataset()) {
+    MESSAGE("train_fashion_mnist or dataset-fashion-mnist missing: skipped (scripts/install-deps.sh installs both)");
+    return;
+  }
+  cclite::test::temp_dir dir;
+  const std::string ck = dir.path + "/ck.bin";
+
+  run_out a = sh(job("--epochs 2 --checkpoint " + ck));
+  INFO(a.text);
+  REQUIRE(a.rc == 0);
+  CHECK(has(a.text, "[rank 0]: epoch 1/2 ["));  // the progress bar
+  CHECK(has(a.text, "epoch 2/2:"));
+  CHECK(has(a.text, "test accuracy"));
+  REQUIRE(train::checkpoint::load(ck).ok());
+  CHECK(train::checkpoint::load(ck).value().get_u64("epochs_done").value() == 2);
+
+  run_out b = sh(job("--epochs 3 --resume --checkpoint " + ck));
+  INFO(b.text);
+  CHECK(b.rc == 0);
+  CHECK(has(b.text, "2 epoch(s) done, continuing with epoch 3"));
+  CHECK_FALSE(has(b.text, "epoch 1/3:"));
+  CHECK(has(b.text, "epoch 3/3:"));
+
+  // Killed mid-epoch: SIGTERM to the launcher (it forwards to the workers)
+  // once the first checkpoint exists and the next epoch is under way.
+  const std::string ck2 = dir.path + "/ck2.bin", log = dir.path + "/killed.log";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string cmd = "CCLITE_TIMEOUT=60 exec " + job("--epochs 1000 --max-steps 200 --checkpoint " + ck2) + " > " + log + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::access(ck2.c_str(), F_OK) != 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));  // into the next epoch
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  REQUIRE(::access(ck2.c_str(), F_OK) == 0);
+  auto saved = train::checkpoint::load(ck2);  // atomic: complete even when killed while writing
+  REQUIRE(saved.ok());
+  const auto done = saved.value().get_u64("epochs_done").value();
+  CHECK(done >= 1);
+  const std::string next = std::to_string(done + 1);
+  run_out c = sh(job("--epochs " + next + " --resume --checkpoint " + ck2));
+  INFO(c.text);
+  CHECK(c.rc == 0);
+  CHECK(has(c.text, std::to_string(done) + " epoch(s) done, continuing with epoch " + next));
+  CHECK(has(c.text, "epoch " + next + "/" + next + ":"));
+
+  // Damaged checkpoints: refused with the reason, and no epoch runs.
+  std::ifstream in(ck, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  REQUIRE(bytes.size() > 100);
+  {
+    std::ofstream out(ck, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  run_out d = sh(job("--epochs 5 --resume --checkpoint " + ck));
+  INFO(d.text);
+  CHECK(d.rc != 0);
+  CHECK(has(d.text, "truncated"));
+  CHECK(has(d.text, ck));
+  CHECK_FALSE(has(d.text, "epoch 4/5:"));
+  bytes[bytes.size() - 7] ^= 0x01;
+  {
+    std::ofstream out(ck, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  run_out e = sh(job("--epochs 5 --resume --checkpoint " + ck));
+  INFO(e.text);
+  CHECK(e.rc != 0);
+  CHECK(has(e.text, "corrupt"));
+  CHECK_FALSE(has(e.text, "epoch 4/5:"));
+}
