@@ -34,6 +34,20 @@
 #define CCLITE_UNLIKELY(x) (x)
 #endif
 
+// Reduction kernels and the float16 conversions they call are compiled
+// without -ftrapping-math (GCC): otherwise GCC keeps the float16 rounding
+// cases as branches and does not vectorise the float16 loops. cclite never
+// relies on floating-point exceptions. Both BEGIN and END must enclose whole
+// function definitions so that callers and callees share the options (GCC
+// does not inline across different optimize settings).
+#if defined(__GNUC__) && !defined(__clang__)
+#define CCLITE_FP_KERNELS_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"no-trapping-math\")")
+#define CCLITE_FP_KERNELS_END _Pragma("GCC pop_options")
+#else
+#define CCLITE_FP_KERNELS_BEGIN
+#define CCLITE_FP_KERNELS_END
+#endif
+
 namespace cclite {
 /// Largest element size of any dtype. Link byte streams are kept aligned to it
 /// between collectives so that a receiver never sees an element split in two.

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include <cclite/config.hpp>
+
 namespace cclite {
 
 enum class dtype : std::uint8_t {
@@ -77,6 +79,8 @@ struct bfloat16 {
   std::uint16_t bits = 0;
 };
 
+CCLITE_FP_KERNELS_BEGIN
+
 namespace detail {
 inline float bits_to_float(std::uint32_t u) noexcept {
   float f;
@@ -131,6 +135,8 @@ inline bfloat16 to_bfloat16(float f) noexcept {
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return bfloat16{static_cast<std::uint16_t>(u >> 16)};
 }
+
+CCLITE_FP_KERNELS_END
 
 /// dtype_of<T>: the dtype tag of a C++ element type.
 template <class T>

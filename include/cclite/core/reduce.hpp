@@ -18,6 +18,8 @@
 
 namespace cclite {
 
+CCLITE_FP_KERNELS_BEGIN
+
 namespace detail {
 
 /// How an element is loaded into the type arithmetic happens in, and stored back.
@@ -111,6 +113,8 @@ void divide(void* p_v, std::size_t n, int divisor) noexcept {
 }
 
 }  // namespace detail
+
+CCLITE_FP_KERNELS_END
 
 /// Type-erased kernels for one (dtype, op); counts are in elements.
 struct reduction {
