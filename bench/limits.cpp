@@ -51,6 +51,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/perf_args.hpp"  // parse_size (64M, 1G)
+
 namespace {
 
 double now() {
@@ -351,22 +353,6 @@ std::vector<double> run_tcp(std::size_t bytes, int reps, bool bidir) {
   return rate;
 }
 
-bool parse_size(const char* s, std::size_t& out) {
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  if (end == s || v <= 0) return false;
-  switch (*end) {
-    case 'K': case 'k': v *= 1024; ++end; break;
-    case 'M': case 'm': v *= 1024 * 1024; ++end; break;
-    case 'G': case 'g': v *= 1024.0 * 1024 * 1024; ++end; break;
-    default: break;
-  }
-  if (*end == 'B') ++end;
-  if (*end) return false;
-  out = static_cast<std::size_t>(v);
-  return true;
-}
-
 struct test {
   const char* name;
   const char* counts;  // what the GB/s figure counts
@@ -399,7 +385,7 @@ int main(int argc, char** argv) {
     }
     ++i;
     if (f == "-s") {
-      if (!parse_size(v, bytes) || bytes < 4096) { std::fprintf(stderr, "machine_limits: bad -s\n"); return 2; }
+      if (!bench::parse_size(v, bytes) || bytes < 4096) { std::fprintf(stderr, "machine_limits: bad -s\n"); return 2; }
     } else if (f == "-n") {
       reps = std::atoi(v);
       if (reps < 1) { std::fprintf(stderr, "machine_limits: -n must be >= 1\n"); return 2; }

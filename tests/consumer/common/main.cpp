@@ -1,4 +1,6 @@
-// A one-rank cclite program built with cclite inside its own tree (add_subdirectory).
+// A one-rank cclite program; tests/consumer/find_package builds it against an
+// installed cclite, tests/consumer/add_subdirectory inside its own tree.
+// CCLITE_CONSUMER_HOW names the way ("find_package" / "add_subdirectory").
 // Run with CCLITE_RANK=0 CCLITE_WORLD_SIZE=1: a job of one needs no rendezvous.
 // Exits 0 when the allreduce returns the input unchanged (the sum over one rank).
 #include <cclite/cclite.hpp>
@@ -46,7 +48,7 @@ int main() {
 #elif !defined(CCLITE_HAS_SHM)
   transports = "tcp";
 #endif
-  std::printf("cclite consumer (add_subdirectory, %s): allreduce of %zu floats, rank 0 of 1: ok\n", transports,
+  std::printf("cclite consumer (" CCLITE_CONSUMER_HOW ", %s): allreduce of %zu floats, rank 0 of 1: ok\n", transports,
               v.size());
   return 0;
 }
