@@ -66,7 +66,8 @@ foreach(_file IN LISTS _cclite_component_files)
 endforeach()
 list(SORT CCLITE_PACKAGE_COMPONENTS)
 list(SORT CCLITE_PACKAGE_TRANSPORTS)
-install(FILES ${_cclite_component_files} DESTINATION ${CCLITE_INSTALL_CMAKEDIR})
+install(FILES ${_cclite_component_files} ${PROJECT_SOURCE_DIR}/cmake/components/cblas_search.cmake
+        DESTINATION ${CCLITE_INSTALL_CMAKEDIR})  # + the CBLAS search cclite-train.cmake uses
 
 configure_package_config_file(
   "${PROJECT_SOURCE_DIR}/cmake/cclite-config.cmake.in"

@@ -33,7 +33,7 @@ foreach(f IN LISTS have)
 endforeach()
 
 file(GLOB components RELATIVE "${SOURCE_DIR}/cmake/components" "${SOURCE_DIR}/cmake/components/cclite-*.cmake")
-foreach(f cclite-config.cmake cclite-config-version.cmake ccliteTargets.cmake ${components})
+foreach(f cclite-config.cmake cclite-config-version.cmake ccliteTargets.cmake cblas_search.cmake ${components})
   if(NOT EXISTS "${PREFIX}/${CMAKEDIR}/${f}")
     string(APPEND errors "\n  missing: ${CMAKEDIR}/${f}")
   endif()
