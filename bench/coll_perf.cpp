@@ -1,5 +1,5 @@
 // <collective>_perf: nccl-tests' perf programs for the other collectives.
-// Built once per collective with CCLITE_PERF_<NAME> defined (bench/CMakeLists.txt):
+// One binary, coll_perf, reached under each name (bench/CMakeLists.txt links them):
 //   allgather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf sendrecv_perf
 //
 //   build/bin/cclite-run --nproc-per-node 4 build/bin/allgather_perf -b 8 -e 64M -f 4
@@ -21,21 +21,10 @@
 
 using namespace bench;
 
-#if defined(CCLITE_PERF_ALLGATHER)
-constexpr collective_kind kind = collective_kind::allgather;
-#elif defined(CCLITE_PERF_REDUCE_SCATTER)
-constexpr collective_kind kind = collective_kind::reduce_scatter;
-#elif defined(CCLITE_PERF_BROADCAST)
-constexpr collective_kind kind = collective_kind::broadcast;
-#elif defined(CCLITE_PERF_REDUCE)
-constexpr collective_kind kind = collective_kind::reduce;
-#elif defined(CCLITE_PERF_ALLTOALL)
-constexpr collective_kind kind = collective_kind::alltoall;
-#elif defined(CCLITE_PERF_SENDRECV)
-constexpr collective_kind kind = collective_kind::sendrecv;
-#else
-#error "define one CCLITE_PERF_<COLLECTIVE>"
-#endif
+// Which collective: from the program's name (argv[0] = "<collective>_perf",
+// the links bench/CMakeLists.txt makes to one binary; one compile instead of
+// six), or -C <collective>.
+collective_kind kind = collective_kind::allgather;
 
 namespace {
 
@@ -92,9 +81,33 @@ std::size_t count_wrong(const std::vector<std::uint8_t>& buf, const shape& s, in
   return bad;
 }
 
+
+// The collective named by -C or by argv[0]'s "<collective>_perf" basename.
+bool pick_collective(int& argc, char** argv) {
+  std::string name = take_flag(argc, argv, "-C");
+  if (name.empty()) {
+    std::string base = argv[0];
+    if (auto slash = base.rfind('/'); slash != std::string::npos) base = base.substr(slash + 1);
+    if (base.size() > 5 && base.compare(base.size() - 5, 5, "_perf") == 0) name = base.substr(0, base.size() - 5);
+  }
+  for (collective_kind k : {collective_kind::allgather, collective_kind::reduce_scatter, collective_kind::broadcast,
+                            collective_kind::reduce, collective_kind::alltoall, collective_kind::sendrecv}) {
+    if (name == to_string(k)) {
+      kind = k;
+      return true;
+    }
+  }
+  std::fprintf(stderr,
+               "coll_perf: which collective? run it as allgather_perf, reduce_scatter_perf, broadcast_perf, "
+               "reduce_perf, alltoall_perf or sendrecv_perf, or pass -C <collective> (got '%s')\n",
+               name.c_str());
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!pick_collective(argc, argv)) return 2;
   const std::string algo = take_flag(argc, argv, "-a");
   const std::string root_flag = take_flag(argc, argv, "-r");
   if (!algo.empty()) ::setenv("CCLITE_ALGO", (std::string(to_string(kind)) + ":" + algo).c_str(), 1);

@@ -9,7 +9,25 @@ $SUDO apt-get update -qq
 # g++/cmake: build; libasio-dev: TCP store (standalone Asio); doctest-dev: tests;
 # libopenblas-dev: cclite::train's matrix products; zlib1g-dev + dataset-fashion-mnist:
 # the sample trainer (samples/train_fashion_mnist.cpp) and its test.
+# g++-aarch64-linux-gnu + qemu-user-static: the aarch64 cross build, run under
+# qemu-user (tests/embedded.cmake; the test is skipped without them).
 $SUDO apt-get install -y -qq --no-install-recommends \
   g++ make cmake libasio-dev doctest-dev ca-certificates \
-  libopenblas-dev zlib1g-dev dataset-fashion-mnist >/dev/null
+  libopenblas-dev zlib1g-dev dataset-fashion-mnist \
+  g++-aarch64-linux-gnu qemu-user-static >/dev/null
+# clang + its libFuzzer/sanitizer runtime: the fuzz tests (tests/fuzz/; skipped
+# without). Debian 12 ships the runtime as libclang-rt-NN-dev, only recommended by
+# clang, so it is named; older releases keep it inside clang's own packages.
+$SUDO apt-get install -y -qq --no-install-recommends clang >/dev/null
+CLANG_MAJOR=$(clang++ --version 2>/dev/null | sed -n 's/.*clang version \([0-9][0-9]*\).*/\1/p' | head -n 1)
+if [ -n "$CLANG_MAJOR" ] && apt-cache show "libclang-rt-$CLANG_MAJOR-dev" >/dev/null 2>&1; then
+  $SUDO apt-get install -y -qq --no-install-recommends "libclang-rt-$CLANG_MAJOR-dev" >/dev/null
+fi
+# libibverbs-dev (rdma-core): the InfiniBand/RoCE verbs transport (transports/verbs;
+# without it cclite::verbs is not built and verbs_test is skipped).
+$SUDO apt-get install -y -qq --no-install-recommends libibverbs-dev >/dev/null
+# openmpi-bin: the mpirun launch test (tests/netns/mpirun_test.sh); iproute2: the
+# simulated nodes of tests/netns/ (ip netns, veth, bridge, tc; root only). Both
+# tests are skipped without them.
+$SUDO apt-get install -y -qq --no-install-recommends openmpi-bin iproute2 >/dev/null
 echo "install-deps: done"

@@ -105,6 +105,13 @@ int check_data_movement(default_communicator& c) {
   int bad = 0;
   auto tagged = [](int rank, std::size_t i) { return static_cast<std::uint32_t>(rank * 1000003u + i); };
   for (std::size_t count : counts) {
+    // broadcast from every root (the chain, or the tree rotated onto the root)
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::uint32_t> buf(count);
+      for (std::size_t i = 0; i < count; ++i) buf[i] = me == root ? tagged(root, i) : 0;
+      MP_REQUIRE_OK(c.broadcast(buf.data(), count, dtype::uint32, root));
+      for (std::size_t i = 0; i < count; ++i) bad += buf[i] != tagged(root, i);
+    }
     std::vector<std::uint32_t> mine(count), all(count * N), want(count * N);
     for (std::size_t i = 0; i < count; ++i) mine[i] = tagged(me, i);
     for (int r = 0; r < n; ++r)
@@ -199,7 +206,7 @@ int check_v_and_p2p(default_communicator& c) {
   return bad;
 }
 
-void run(int size, net how, bool all_dtypes) {
+void run(int size, net how, bool all_dtypes, const char* algo = "") {
   test::temp_dir dir;
   auto r = test::run_ranks(
       size,
@@ -220,8 +227,11 @@ void run(int size, net how, bool all_dtypes) {
         MP_REQUIRE_OK(c->barrier());
         return 0;
       },
-      std::chrono::seconds(240), [&](int rank) { test::set_net_env(how, rank, size); });
-  INFO("size ", size, " net ", test::to_string(how), ": ", r.describe());
+      std::chrono::seconds(240), [&](int rank) {
+        test::set_net_env(how, rank, size);
+        ::setenv("CCLITE_ALGO", algo, 1);
+      });
+  INFO("size ", size, " net ", test::to_string(how), " CCLITE_ALGO=", algo, ": ", r.describe());
   CHECK(r.all_ok());
 }
 
@@ -232,6 +242,62 @@ TEST_CASE("collectives: 2 ranks, shm, every dtype") { run(2, net::shm_only, true
 TEST_CASE("collectives: 3 ranks, tcp") { run(3, net::tcp_only, false); }
 TEST_CASE("collectives: 4 ranks, mixed (2 fake nodes), every dtype") { run(4, net::mixed, true); }
 TEST_CASE("collectives: 5 ranks, shm") { run(5, net::shm_only, false); }
+
+TEST_CASE("collectives: binary tree forced for broadcast and reduce, 2..7 ranks") {
+  run(2, net::tcp_only, false, "tree");
+  run(4, net::mixed, true, "broadcast:tree,reduce:tree");
+  run(7, net::shm_only, false, "tree");
+}
+
+// split(): even and odd ranks in reverse key order, one rank left out, then
+// per-node and one-per-node communicators over two fake nodes; each child runs
+// collectives of its own while the parent stays usable.
+TEST_CASE("collectives: split by color and key") {
+  const int size = 5;
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      size,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        const int color = rank == 4 ? default_communicator::no_color : rank % 2;
+        auto sub = c->split(color, -rank);
+        MP_REQUIRE_OK(sub);
+        if (rank == 4) {
+          MP_CHECK(sub.value() == nullptr);
+        } else {
+          auto& s = *sub.value();
+          const int members = 2;  // {0, 2} and {1, 3}
+          MP_CHECK(s.size() == members);
+          MP_CHECK(s.rank() == (rank < 2 ? 1 : 0));  // key = -rank: the higher rank comes first
+          std::int64_t x = rank, sum = 0;
+          MP_REQUIRE_OK(s.allreduce(&x, &sum, 1, reduce_op::sum));
+          MP_CHECK(sum == (rank % 2 == 0 ? 0 + 2 : 1 + 3));
+          std::int32_t b = s.rank() == 0 ? rank : -1;
+          MP_REQUIRE_OK(s.broadcast(&b, 1, 0));
+          MP_CHECK(b == (rank % 2 == 0 ? 2 : 3));
+        }
+        // Node-local and cross-node communicators (fake nodes: ranks 0-2, 3-4).
+        auto node = c->split(c->node_index(), rank);
+        auto cross = c->split(c->local_rank(), rank);
+        MP_REQUIRE_OK(node);
+        MP_REQUIRE_OK(cross);
+        MP_CHECK(node.value()->size() == c->local_size());
+        MP_CHECK(cross.value()->size() == (c->local_rank() < 2 ? 2 : 1));
+        for (int p = 0; p < node.value()->size(); ++p)
+          if (p != node.value()->rank()) MP_CHECK(std::string(node.value()->transport_of(p)) == "shm");
+        std::int32_t one = 1, n_nodes = 0;
+        MP_REQUIRE_OK(cross.value()->allreduce(&one, &n_nodes, 1, reduce_op::sum));
+        MP_CHECK(n_nodes == cross.value()->size());
+        std::int32_t all = 1, total = 0;
+        MP_REQUIRE_OK(c->allreduce(&all, &total, 1, reduce_op::sum));  // the parent still works
+        MP_CHECK(total == size);
+        return 0;
+      },
+      std::chrono::seconds(120), [&](int rank) { test::set_net_env(net::mixed, rank, size); });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+}
 
 TEST_CASE("collectives: argument errors on the calling rank") {
   test::temp_dir dir;

@@ -118,6 +118,44 @@ TEST_CASE("ifname: default choice skips loopback and container plumbing") {
   CHECK(c->iface.name == "ens5");
 }
 
+TEST_CASE("ifname: default prefers the interface that routes to the rendezvous host") {
+  // A management network first in the list, the network the nodes share second.
+  auto ifs = machine({lo(), make_interface("eth0", "192.168.1.7"), make_interface("ib0", "10.5.0.7")});
+  auto c = select_interface(ifs, nullptr, "CCLITE_SOCKET_IFNAME", AF_UNSPEC, "10.5.0.7", "node0");
+  REQUIRE(c.ok());
+  CHECK(c->iface.name == "ib0");
+  CHECK(c->reason.find("routes to the rendezvous host node0") != std::string::npos);
+
+  // Loopback routes (a single-machine job) and unknown addresses leave the usual rule.
+  c = select_interface(ifs, nullptr, "CCLITE_SOCKET_IFNAME", AF_UNSPEC, "127.0.0.1", "127.0.0.1");
+  REQUIRE(c.ok());
+  CHECK(c->iface.name == "eth0");
+  c = select_interface(ifs, nullptr, "CCLITE_SOCKET_IFNAME", AF_UNSPEC, "172.31.9.9", "x");
+  REQUIRE(c.ok());
+  CHECK(c->iface.name == "eth0");
+
+  // The variable, when set, still wins.
+  c = select_interface(ifs, "=eth0", "CCLITE_SOCKET_IFNAME", AF_UNSPEC, "10.5.0.7", "node0");
+  REQUIRE(c.ok());
+  CHECK(c->iface.name == "eth0");
+}
+
+TEST_CASE("ifname: the rendezvous host comes from the launcher's variables") {
+  env_guard a("CCLITE_RDZV_ENDPOINT", "[fd00::1]:29400"), b("MASTER_ADDR", "10.0.0.9");
+  CHECK(cclite::tcp::rendezvous_host_from_env() == "fd00::1");
+  {
+    env_guard c("CCLITE_RDZV_ENDPOINT", "node0:29400");
+    CHECK(cclite::tcp::rendezvous_host_from_env() == "node0");
+  }
+  {
+    env_guard c("CCLITE_RDZV_ENDPOINT", nullptr);
+    CHECK(cclite::tcp::rendezvous_host_from_env() == "10.0.0.9");
+  }
+  // The route to loopback leaves from loopback; an unresolvable host has none.
+  CHECK(cclite::tcp::route_source_to("127.0.0.1") == "127.0.0.1");
+  CHECK(cclite::tcp::route_source_to("").empty());
+}
+
 TEST_CASE("ifname: default falls back to lo on a single machine") {
   auto c = select_interface(machine({make_interface("docker0", "172.17.0.1"), lo(),
                                      make_interface("eth0", "10.1.2.3", /*up=*/false)}),

@@ -213,6 +213,16 @@ TEST_CASE("rendezvous sources") {
   CHECK(r.ok());
 }
 
+TEST_CASE("errors: no rendezvous is explained in the launcher's own terms") {
+  std::string e = error_of({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  CHECK(contains(e, "has no rendezvous: set CCLITE_RDZV_ENDPOINT=host:port"));
+  CHECK(contains(e, "CCLITE_RDZV_DIR=/shared/dir"));
+  CHECK(contains(e, "with mpirun: -x CCLITE_RDZV_ENDPOINT="));
+  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}), "with srun: export CCLITE_RDZV_ENDPOINT="));
+  CHECK(contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}), "with mpiexec: -genv CCLITE_RDZV_ENDPOINT"));
+  CHECK(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}).find('\n') == std::string::npos);
+}
+
 TEST_CASE("errors: one clear line saying what to set") {
   std::string e = error_of({});
   CHECK(contains(e, "cannot tell this process's rank: no launcher environment found"));

@@ -13,6 +13,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
@@ -262,14 +265,19 @@ TEST_CASE("options: mistakes are one clear line") {
   CHECK(contains(err({"--nproc-per-node", "0", "x"}), "positive integer"));
   CHECK(contains(err({"--nproc-per-node"}), "needs a value"));
   CHECK(contains(err({"--nproc-per-node", "2"}), "no program"));
-  CHECK(contains(err({"--nnodes", "2", "x"}), "--node-rank and --rdzv-endpoint"));
+  CHECK(contains(err({"--nnodes", "2", "x"}), "needs --rdzv-endpoint"));
   CHECK(contains(err({"--nnodes", "2", "--node-rank", "0", "x"}), "--rdzv-endpoint"));
-  CHECK(contains(err({"--nnodes", "2", "--rdzv-endpoint", "h:1", "x"}), "--node-rank"));
+  CHECK(contains(err({"--nnodes", "2", "--rdzv-backend", "static", "--rdzv-endpoint", "h:1", "x"}),
+                 "--node-rank"));
+  CHECK(contains(err({"--nnodes", "2", "--master-addr", "h", "x"}), "--node-rank"));
+  CHECK(contains(err({"--rdzv-timeout", "0", "x"}), "seconds > 0"));
   CHECK(contains(err({"--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1", "x"}),
                  "out of range"));
   CHECK(contains(err({"--nnodes", "1:4", "x"}), "elastic"));
   CHECK(contains(err({"--master-port", "70000", "x"}), "1..65535"));
-  CHECK(contains(err({"--max-restarts", "3", "x"}), "not supported"));
+  CHECK(contains(err({"--max-restarts", "x", "x"}), "integer >= 0"));
+  CHECK(contains(err({"--nnodes", "4:2", "--rdzv-endpoint", "h:1", "x"}), "MIN <= MAX"));
+  CHECK(contains(err({"--nnodes", "1:2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "x"}), "elastic"));
   CHECK(parse_args({"cclite-run", "--help"}).what == parse_result::action::help);
 }
 
@@ -365,7 +373,7 @@ TEST_CASE("launcher: environment of three workers on one node") {
 
 TEST_CASE("launcher: second node of a static multi-node job") {
   auto r = run({"--nnodes=2", "--node_rank=1", "--nproc_per_node=2", "--rdzv-endpoint=node0:29411",
-                "--rdzv-id=job42", "/bin/sh", "-c",
+                "--rdzv-backend=static", "--rdzv-id=job42", "/bin/sh", "-c",
                 "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $NODE_RANK $MASTER_ADDR "
                 "$MASTER_PORT $CCLITE_RDZV_ENDPOINT $CCLITE_RDZV_ID $TORCHELASTIC_RUN_ID"});
   INFO("stderr: " << r.err);
@@ -554,7 +562,6 @@ TEST_CASE("launcher: usage errors exit 2 with a hint; --help exits 0") {
 
   auto multi = run({"--nnodes", "2", "--nproc-per-node", "2", "/bin/true"});
   CHECK(multi.status == 2);
-  CHECK(contains(multi.err, "--node-rank"));
   CHECK(contains(multi.err, "--rdzv-endpoint"));
 
   auto help = run({"--help"});
@@ -562,4 +569,188 @@ TEST_CASE("launcher: usage errors exit 2 with a hint; --help exits 0") {
   CHECK(contains(help.out, "usage: cclite-run"));
   CHECK(contains(help.out, "--nproc-per-node"));
   CHECK(contains(help.out, "examples:"));
+}
+
+// ---- several agents on this machine: the nodes' rendezvous -------------------------
+//
+// Agents on one machine meet at 127.0.0.1 exactly as agents on several
+// machines meet at node0 (tests/netns/ does that with real namespaces, as
+// root): the first to bind the port hosts the store.
+
+namespace {
+
+std::string free_port() {
+  std::string err;
+  int p = cclite::run::find_free_port("127.0.0.1", err);
+  REQUIRE(p > 0);
+  return std::to_string(p);
+}
+
+std::vector<std::string> agent_args(const std::string& port, const std::string& id,
+                                    std::vector<std::string> rest) {
+  std::vector<std::string> a{"--nnodes",   "2",  "--nproc-per-node", "2",
+                             "--rdzv-id",  id,   "--rdzv-endpoint",  "127.0.0.1:" + port,
+                             "--rdzv-timeout", "60", "--node-timeout", "3"};
+  a.insert(a.end(), rest.begin(), rest.end());
+  return a;
+}
+
+/// True once something listens on 127.0.0.1:port (bind fails with EADDRINUSE).
+bool port_taken(const std::string& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(port)));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool taken = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  return taken;
+}
+
+}  // namespace
+
+TEST_CASE("agents: two nodes meet without --node-rank and number the ranks") {
+  const std::string port = free_port();
+  auto args = agent_args(port, "j1",
+                         {"/bin/sh", "-c",
+                          "echo $RANK $WORLD_SIZE $LOCAL_RANK $GROUP_RANK $GROUP_WORLD_SIZE "
+                          "$MASTER_ADDR $MASTER_PORT ${#CCLITE_RDZV_TOKEN}"});
+  launcher a(args), b(args);
+  auto ra = a.finish(), rb = b.finish();
+  INFO("a: " << ra.err << "\nb: " << rb.err);
+  REQUIRE(ra.status == 0);
+  REQUIRE(rb.status == 0);
+  auto la = by_rank(ra.out), lb = by_rank(rb.out);
+  REQUIRE(la.size() == 2);
+  REQUIRE(lb.size() == 2);
+  // One agent is node 0 (ranks 0, 1), the other node 1 (ranks 2, 3); same master for all.
+  auto& node0 = la.count(0) ? la : lb;
+  auto& node1 = la.count(0) ? lb : la;
+  REQUIRE(node0.count(1) == 1);
+  REQUIRE(node1.count(2) == 1);
+  REQUIRE(node1.count(3) == 1);
+  std::istringstream in(node0.find(0)->second);
+  std::string rank, world, local, group, groups, addr, mport, toklen;
+  in >> rank >> world >> local >> group >> groups >> addr >> mport >> toklen;
+  CHECK(world == "4");
+  CHECK(group == "0");
+  CHECK(groups == "2");
+  CHECK(addr == "127.0.0.1");
+  CHECK(mport != port);  // the workers' store is not the agents'
+  CHECK(toklen == "32");  // a job token derived from --rdzv-id
+  const std::string tail = " 127.0.0.1 " + mport + " 32";
+  CHECK(node0.find(1)->second == "1 4 1 0 2" + tail);
+  CHECK(node1.find(2)->second == "2 4 0 1 2" + tail);
+  CHECK(node1.find(3)->second == "3 4 1 1 2" + tail);
+}
+
+TEST_CASE("agents: an agent of another --rdzv-id is refused by name") {
+  const std::string port = free_port();
+  launcher host(agent_args(port, "job-a", {"/bin/sh", "-c", "sleep 30"}));
+  for (int i = 0; i < 600 && !port_taken(port); ++i) std::this_thread::sleep_for(50ms);  // it hosts
+  auto other = run(agent_args(port, "job-b", {"/bin/true"}));
+  INFO("stderr: " << other.err);
+  CHECK(other.status == 1);
+  CHECK(contains(other.err, "belongs to job 'job-a' but this agent was started with --rdzv-id job-b"));
+  host.send(SIGTERM);
+  host.finish();
+}
+
+TEST_CASE("agents: a failed worker stops every node with its exit code") {
+  const std::string port = free_port();
+  auto args = agent_args(port, "j3", {"/bin/sh", "-c", "sleep 1; [ $RANK = 3 ] && exit 7; sleep 60"});
+  launcher a(args), b(args);
+  auto ra = a.finish(90s), rb = b.finish(90s);
+  INFO("a: " << ra.err << "\nb: " << rb.err);
+  CHECK(ra.status == 7);
+  CHECK(rb.status == 7);
+  // Both name the failed rank and its host.
+  CHECK(contains(ra.err, "rank 3 (host "));
+  CHECK(contains(rb.err, "rank 3 (host "));
+  CHECK(contains(ra.err + rb.err, "exited with status 7"));
+}
+
+TEST_CASE("agents: a node whose agent is killed is declared lost on the others") {
+  const std::string port = free_port();
+  auto args = agent_args(port, "j4", {"/bin/sh", "-c", "echo up; sleep 60"});
+  launcher a(args), b(args);
+  REQUIRE(a.wait_for_stdout("up", 2, 60s));
+  REQUIRE(b.wait_for_stdout("up", 2, 60s));
+  b.send(SIGKILL);  // no goodbye: only the missing heartbeat tells
+  auto ra = a.finish(90s);
+  INFO("a: " << ra.err);
+  CHECK(ra.status == 1);
+  // b was node 1 (a heartbeat stops) or the store's host (the store goes away).
+  CHECK((contains(ra.err, "is lost: its cclite-run agent sent no heartbeat") ||
+         contains(ra.err, "lost the rendezvous store")));
+  b.finish();
+}
+
+TEST_CASE("restarts: one node starts its workers over until they succeed") {
+  auto r = run({"--nproc-per-node", "2", "--max-restarts", "2", "/bin/sh", "-c",
+                "echo try $TORCHELASTIC_RESTART_COUNT of $TORCHELASTIC_MAX_RESTARTS; "
+                "[ $TORCHELASTIC_RESTART_COUNT -lt 2 ] && [ $RANK = 1 ] && exit 3; exit 0"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK(contains(r.err, "restarting the workers (restart 1 of 2)"));
+  CHECK(contains(r.err, "restarting the workers (restart 2 of 2)"));
+  CHECK(contains(r.out, "[rank 0]: try 2 of 2"));
+
+  auto out = run({"--nproc-per-node", "2", "--max-restarts", "1", "/bin/sh", "-c", "exit 4"});
+  CHECK(out.status == 4);  // restarts used up: the last failure's status
+  CHECK(contains(out.err, "restart 1 of 1"));
+}
+
+TEST_CASE("restarts: two nodes meet again and restart together") {
+  const std::string port = free_port();
+  auto args = agent_args(port, "j5",
+                         {"--max-restarts", "1", "/bin/sh", "-c",
+                          "sleep 0.5; echo try $TORCHELASTIC_RESTART_COUNT; "
+                          "[ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 3 ] && exit 5; exit 0"});
+  launcher a(args), b(args);
+  auto ra = a.finish(90s), rb = b.finish(90s);
+  INFO("a: " << ra.err << "\nb: " << rb.err);
+  CHECK(ra.status == 0);
+  CHECK(rb.status == 0);
+  for (const auto* r : {&ra, &rb}) {
+    CHECK(contains(r->err, "restarting the workers (restart 1 of 1)"));
+    CHECK(contains(r->out, "try 1"));
+  }
+}
+
+TEST_CASE("elastic: --nnodes 1:2 goes on with the node that is left") {
+  const std::string port = free_port();
+  std::vector<std::string> args{"--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-id", "j6",
+                                "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-timeout", "60",
+                                "--node-timeout", "3", "--rdzv-last-call", "1", "--max-restarts", "1",
+                                "/bin/sh", "-c",
+                                "echo try $TORCHELASTIC_RESTART_COUNT world $WORLD_SIZE nodes $GROUP_WORLD_SIZE; "
+                                "[ $TORCHELASTIC_RESTART_COUNT = 0 ] && sleep 60; exit 0"};
+  launcher a(args);
+  for (int i = 0; i < 600 && !port_taken(port); ++i) std::this_thread::sleep_for(50ms);  // a hosts
+  launcher b(args);
+  REQUIRE(a.wait_for_stdout("world 4 nodes 2", 2, 60s));
+  REQUIRE(b.wait_for_stdout("world 4 nodes 2", 2, 60s));
+  b.send(SIGKILL);
+  auto ra = a.finish(90s);
+  INFO("a: " << ra.err);
+  CHECK(ra.status == 0);
+  CHECK(contains(ra.err, "is lost"));
+  CHECK(contains(ra.out, "try 1 world 2 nodes 1"));
+  b.finish();
+}
+
+TEST_CASE("restarts: a signal cancels the job on every node instead of restarting it") {
+  const std::string port = free_port();
+  auto args = agent_args(port, "j7", {"--max-restarts", "3", "/bin/sh", "-c", "echo up; sleep 60"});
+  launcher a(args), b(args);
+  REQUIRE(a.wait_for_stdout("up", 2, 60s));
+  REQUIRE(b.wait_for_stdout("up", 2, 60s));
+  b.send(SIGTERM);  // a scheduler cancelling the job
+  auto rb = b.finish(60s), ra = a.finish(60s);
+  INFO("a: " << ra.err << "\nb: " << rb.err);
+  CHECK(rb.status == 128 + SIGTERM);
+  CHECK(ra.status == 128 + SIGTERM);  // the first failure's status, on every node
+  CHECK(contains(ra.err, "received SIGTERM"));
+  CHECK_FALSE(contains(ra.err + rb.err, "restarting"));
 }

@@ -26,6 +26,8 @@
 #include "support/mp.hpp"
 
 using namespace cclite;
+using cclite::tcp::chosen_interface;
+using cclite::tcp::make_interface;
 using std::chrono::milliseconds;
 
 namespace {
@@ -120,6 +122,36 @@ struct raw_conn {
     if (fd >= 0) ::close(fd);
   }
   void send(const void* p, std::size_t n) { (void)::send(fd, p, n, MSG_NOSIGNAL); }
+  // Reads exactly n bytes within 5 s; false on close, error or timeout.
+  bool recv_all(void* p, std::size_t n) {
+    auto* b = static_cast<char*>(p);
+    auto until = std::chrono::steady_clock::now() + milliseconds(5000);
+    while (n > 0 && std::chrono::steady_clock::now() < until) {
+      pollfd pf{fd, POLLIN, 0};
+      if (::poll(&pf, 1, 50) <= 0) continue;
+      ssize_t k = ::recv(fd, b, n, 0);
+      if (k <= 0) return false;
+      b += k;
+      n -= static_cast<std::size_t>(k);
+    }
+    return n == 0;
+  }
+  // Plays the job-token handshake as a real client would; true when the
+  // server answers ok. `reply_status` gets the status byte it sent.
+  bool auth(const std::string& token = {}, int* reply_status = nullptr) {
+    std::uint8_t ch[tcp::proto::auth_frame_bytes];
+    if (!recv_all(ch, sizeof ch)) return false;
+    tcp::proto::auth_frame f, proof;
+    if (tcp::proto::decode_auth(ch, sizeof ch, tcp::proto::auth_kind::challenge, f)) return false;
+    proof.kind = tcp::proto::auth_kind::proof;
+    proof.payload = tcp::proto::auth_proof(token, f.payload);
+    auto b = tcp::proto::encode(proof);
+    send(b.data(), b.size());
+    std::uint8_t rb[tcp::proto::reply_header_bytes];
+    if (!recv_all(rb, sizeof rb)) return false;
+    if (reply_status) *reply_status = rb[5];
+    return rb[5] == 0;
+  }
   // True if the peer closed the connection within `ms`.
   bool closed_within(int ms) {
     auto until = std::chrono::steady_clock::now() + milliseconds(ms);
@@ -259,18 +291,22 @@ TEST_CASE("tcp store survives strangers") {
   }
   SUBCASE("oversized key_len") {
     raw_conn r(s.port());
+    REQUIRE(r.auth());
     auto h = header(1, 0xFFFFFFFFu, 0);
     r.send(h.data(), h.size());
     CHECK(r.closed_within(5000));
   }
   SUBCASE("oversized value_len") {
     raw_conn r(s.port());
+    REQUIRE(r.auth());
     auto h = header(1, 1, 0xFFFFFFFFu);
     r.send(h.data(), h.size());
     CHECK(r.closed_within(5000));
   }
   SUBCASE("unknown op and bad version") {
     raw_conn r1(s.port()), r2(s.port());
+    REQUIRE(r1.auth());
+    REQUIRE(r2.auth());
     auto h = header(9, 1, 0);
     r1.send(h.data(), h.size());
     h = header(2, 1, 0);
@@ -282,16 +318,19 @@ TEST_CASE("tcp store survives strangers") {
   SUBCASE("truncated frame") {
     {
       raw_conn r(s.port());
+      REQUIRE(r.auth());
       auto h = header(1, 3, 100);
       r.send(h.data(), h.size());
       r.send("key and only part of the value", 20);
     }  // closed mid-frame
     raw_conn r2(s.port());
+    REQUIRE(r2.auth());
     auto h = header(2, 3, 0);
     r2.send(h.data(), 9);  // half a header, then gone
   }
   SUBCASE("slow half-frame client") {
     raw_conn slow(s.port());
+    REQUIRE(slow.auth());
     auto h = header(1, 4, 4);
     slow.send(h.data(), 7);
     // Others are served while it stalls...
@@ -302,6 +341,21 @@ TEST_CASE("tcp store survives strangers") {
   SUBCASE("connected but silent stranger") {
     raw_conn silent(s.port());
     CHECK(silent.closed_within(10000));
+  }
+  SUBCASE("half a proof then silence") {
+    raw_conn slow(s.port());
+    char ch[tcp::proto::auth_frame_bytes];
+    REQUIRE(slow.recv_all(ch, sizeof ch));
+    slow.send(ch, 10);  // the first bytes of a frame, never the rest
+    CHECK(slow.closed_within(10000));
+  }
+  SUBCASE("valid frame before the handshake") {
+    raw_conn r(s.port());
+    auto h = header(5, 1, 0);
+    h.push_back('k');
+    h.resize(tcp::proto::auth_frame_bytes, 0);  // as long as a proof, but a request
+    r.send(h.data(), h.size());
+    CHECK(r.closed_within(5000));
   }
 
   check_serves(*good, "end");
@@ -326,6 +380,7 @@ TEST_CASE("tcp store: waiters that leave, pipelining, store limits") {
   {
     // A client parked in a long get that disconnects is forgotten at once.
     raw_conn r(s.port());
+    REQUIRE(r.auth());
     auto f = get_frame("nobody-sets-this", 600000);
     r.send(f.data(), f.size());
     std::this_thread::sleep_for(milliseconds(100));
@@ -336,6 +391,7 @@ TEST_CASE("tcp store: waiters that leave, pipelining, store limits") {
   {
     // Sending again before the reply is a protocol violation.
     raw_conn r(s.port());
+    REQUIRE(r.auth());
     auto f = get_frame("nobody-sets-this", 600000);
     r.send(f.data(), f.size());
     r.send(f.data(), f.size());
@@ -355,6 +411,7 @@ TEST_CASE("tcp store: drops are counted and the server keeps its data") {
   CHECK(c->set("k", "v").ok());
   for (int i = 0; i < 50; ++i) {
     raw_conn r(srv.value()->port());
+    REQUIRE(r.auth());
     auto h = header(3, 1, 8, 0xdeadbeefu);
     r.send(h.data(), h.size());
     CHECK(r.closed_within(5000));
@@ -552,8 +609,30 @@ TEST_CASE("rendezvous: open_store") {
     CHECK(direct.value()->get("k", deadline::never()).value() == "v");
   }
   SUBCASE("bind address choice") {
-    CHECK(tcp::detail::bind_address_for("127.0.0.1") == "127.0.0.1");
-    CHECK(tcp::detail::bind_address_for("localhost").find("1") != std::string::npos);
-    CHECK(tcp::detail::bind_address_for("192.0.2.1") == "0.0.0.0");  // TEST-NET: not ours
+    auto nic = [] {
+      chosen_interface c;
+      c.iface = make_interface("eth9", "192.0.2.77");
+      c.reason = "eth9 192.0.2.77 (test)";
+      return result<chosen_interface>(c);
+    };
+    auto no_nic = [] { return result<chosen_interface>(make_error(errc::unsupported, "no interface")); };
+    auto hosts = [](const result<tcp::detail::bind_choice>& r) {
+      REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+      return r.value().hosts;
+    };
+    using v = std::vector<std::string>;
+    CHECK(hosts(tcp::detail::bind_addresses_for("127.0.0.1", false, nic)) == v{"127.0.0.1"});
+    auto lh = hosts(tcp::detail::bind_addresses_for("localhost", false, nic));
+    REQUIRE(lh.size() == 1);
+    CHECK(asio::ip::make_address(lh[0]).is_loopback());
+    // TEST-NET is not ours: never every address, the chosen interface instead.
+    CHECK(hosts(tcp::detail::bind_addresses_for("192.0.2.1", false, nic)) == v{"192.0.2.77"});
+    auto none = tcp::detail::bind_addresses_for("192.0.2.1", false, no_nic);
+    REQUIRE_FALSE(none.ok());
+    CHECK(none.error().code() == errc::bootstrap_error);
+    CHECK(none.error().message().find("CCLITE_STORE_BIND_ANY=1") != std::string::npos);
+    // Only on request.
+    CHECK(hosts(tcp::detail::bind_addresses_for("192.0.2.1", true, nic)) == v{"0.0.0.0"});
+    CHECK(hosts(tcp::detail::bind_addresses_for("127.0.0.1", true, nic)) == v{"0.0.0.0"});
   }
 }

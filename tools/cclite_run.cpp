@@ -1,18 +1,22 @@
 // cclite-run: starts the workers of a cclite job on this node, torchrun style.
 //
 //   cclite-run --nproc-per-node 4 ./train
-//   cclite-run --nnodes 2 --node-rank K --nproc-per-node 4 --rdzv-endpoint node0:29400 ./train
+//   cclite-run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint node0:29400 ./train   (every node)
 //
 // See tools/README.md and `cclite-run --help`. The pieces live in tools/run/:
 // options.hpp (command line), job.hpp (rendezvous address, worker environment),
+// agent.hpp (the nodes' agents meet, number the nodes and watch each other),
 // worker.hpp (fork/exec), line_splitter.hpp (output prefixing), signals.hpp
 // (self-pipe) and supervisor.hpp (the poll loop that runs the job).
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "run/agent.hpp"
 #include "run/job.hpp"
 #include "run/options.hpp"
 #include "run/posix.hpp"
@@ -63,11 +67,45 @@ int main(int argc, char** argv) {
 
   rendezvous rdzv;
   if (std::string err = plan_rendezvous(parsed.opts, rdzv); !err.empty()) return usage_error(err);
+  // Before the signal handlers: a Ctrl-C while waiting for the other nodes
+  // simply ends cclite-run (no worker exists yet).
+  std::unique_ptr<agent> peers;
+  if (dynamic_rendezvous(parsed.opts)) {
+    peers.reset(new agent());
+    if (std::string err = peers->join(parsed.opts, rdzv); !err.empty()) return internal_error(err);
+  }
   if (std::string err = choose_free_port(rdzv); !err.empty()) return internal_error(err);
 
   signal_events signals;
   if (std::string err = signals.install(); !err.empty()) return internal_error(err);
 
-  supervisor job(std::move(parsed.opts), std::move(rdzv), signals);
-  return job.run();
+  // Each attempt runs every worker afresh; after a restartable failure (and
+  // with --max-restarts left) the nodes meet again and start over, as
+  // torchrun's elastic agent does. The workers resume from their checkpoints.
+  const options& o = parsed.opts;
+  if (peers)
+    peers->set_interrupt([&signals] {
+      for (int sig : signals.take())
+        if (sig != SIGCHLD) return sig;
+      return 0;
+    });
+  for (int attempt = 0;; ++attempt) {
+    rdzv.restart_count = attempt;
+    supervisor job(o, rdzv, signals, timings{}, peers.get());
+    int code = job.run();
+    if (code == 0 || !job.restartable() || attempt >= o.max_restarts) {
+      if (peers) peers->leave();
+      return code;
+    }
+    write_all(STDERR_FILENO, "cclite-run: restarting the workers (restart " + std::to_string(attempt + 1) +
+                                 " of " + std::to_string(o.max_restarts) + ")\n");
+    // One node keeps its port: rank 0's store binds it again (SO_REUSEADDR).
+    if (peers) {
+      if (std::string err = peers->next_round(rdzv); !err.empty()) {
+        peers->leave();
+        internal_error(err);
+        return peers->interrupt_signal() ? 128 + peers->interrupt_signal() : 1;
+      }
+    }
+  }
 }

@@ -33,10 +33,25 @@
 #if defined(CCLITE_HAS_TCP)
 #include <cclite/tcp/transport.hpp>
 #endif
+#if defined(CCLITE_HAS_VERBS)
+#include <cclite/verbs/transport.hpp>  // opt-in: communicator<shm::transport, verbs::transport, tcp::transport>
+#endif
+#if defined(CCLITE_HAS_CUDA)
+#include <cclite/cuda/gpu_backend.hpp>  // targets cclite::cuda / cclite::nccl (not in cclite::cclite)
+#include <cclite/cuda/runtime.hpp>
+#endif
+#if defined(CCLITE_HAS_NCCL)
+#include <cclite/nccl/backend.hpp>
+#endif
 
 namespace cclite {
 
-#if defined(CCLITE_HAS_SHM) && defined(CCLITE_HAS_TCP)
+#if defined(CCLITE_DEFAULT_WITH_VERBS) && defined(CCLITE_HAS_VERBS) && defined(CCLITE_HAS_SHM) && \
+    defined(CCLITE_HAS_TCP)
+// Opt-in (-DCCLITE_DEFAULT_WITH_VERBS=1): RDMA between nodes where both ends
+// have a port on one fabric, tcp elsewhere (bench's allreduce_perf_verbs).
+using default_communicator = communicator<shm::transport, verbs::transport, tcp::transport>;
+#elif defined(CCLITE_HAS_SHM) && defined(CCLITE_HAS_TCP)
 using default_communicator = communicator<shm::transport, tcp::transport>;
 #elif defined(CCLITE_HAS_TCP)
 using default_communicator = communicator<tcp::transport>;

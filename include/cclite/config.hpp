@@ -3,7 +3,14 @@
 // Feature macros a user may set before including cclite (or on the command line):
 //   CCLITE_NO_EXCEPTIONS  force the no-exceptions code paths (auto-detected from
 //                         -fno-exceptions otherwise).
-//   CCLITE_NO_THREADS     no background thread is ever started (see issue "embedded").
+//   CCLITE_NO_THREADS     the communicator never starts a thread: blocking
+//                         collectives run on the caller's thread, every *_async
+//                         call returns errc::unsupported (collective/work_queue.hpp).
+//                         Set it the same way in every TU of a program (ODR).
+//                         The TCP store server that cclite::init() starts on
+//                         rank 0 still runs one Asio thread: with no threads at
+//                         all, rendezvous through a file store or a store hosted
+//                         elsewhere (communicator<...>::create(store&, ...)).
 //
 // Macros this header defines for the rest of the library:
 //   CCLITE_HAS_EXCEPTIONS 0/1
@@ -46,6 +53,24 @@
 #else
 #define CCLITE_FP_KERNELS_BEGIN
 #define CCLITE_FP_KERNELS_END
+#endif
+
+// Byte order and alignment, where the wire depends on them:
+//  - Every frame cclite defines (tcp hello, store protocol, call headers) is
+//    encoded byte by byte as little-endian, whatever the host.
+//  - Collective payloads are not converted: elements travel in host byte order
+//    and are reduced where they arrive, so all ranks of a job must share one
+//    byte order. cclite supports little-endian hosts only (x86-64, aarch64,
+//    32-bit ARM, RISC-V); the check below turns a big-endian build into a
+//    compile error instead of silently wrong sums.
+//  - User buffers must be aligned to their element type (as for NCCL/MPI): the
+//    kernels access them as T*. Link buffers are 4096-byte aligned and streams
+//    stay aligned to max_dtype_size (transport/concept.hpp), so a piece handed
+//    to a kernel never starts mid-element or misaligned (which 32-bit ARM
+//    would punish).
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "cclite sends collective payloads in host byte order and supports little-endian hosts only");
 #endif
 
 namespace cclite {

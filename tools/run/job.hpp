@@ -1,11 +1,16 @@
 // tools/run/job.hpp - where the job meets (rendezvous address) and what each
 // worker's environment says about its place in the job.
 //
-// cclite-run does not rendezvous itself: rank 0's worker hosts the store on
-// MASTER_PORT and every worker connects to it (include/cclite/bootstrap). The
-// launcher only decides the address and hands it down, torchrun style.
+// The workers' own store is hosted by rank 0's worker on MASTER_PORT and every
+// worker connects to it (include/cclite/bootstrap). On one node, or with a
+// static --node-rank, the launcher only decides that address and hands it
+// down; with --rdzv-endpoint on several nodes the agents first meet
+// (agent.hpp), which decides node ranks, rank offsets and the address.
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,7 +64,42 @@ struct rendezvous {
   std::string master_addr;
   int master_port = 0;   ///< 0 until chosen: a single node picks a free port at launch
   std::string endpoint;  ///< CCLITE_RDZV_ENDPOINT, host:port
+  // Set by the agents' rendezvous (agent.hpp); -1: derived from the options
+  // (--node-rank, --nnodes x --nproc-per-node), as in a static launch.
+  int node_rank = -1;
+  int rank_offset = -1;  ///< RANK of this node's local rank 0
+  int world_size = -1;
+  int group_size = -1;     ///< nodes in the job (this round); -1: --nnodes
+  int restart_count = 0;   ///< TORCHELASTIC_RESTART_COUNT
 };
+
+/// This node's index, its first global rank and the job's world size.
+inline int node_rank_of(const options& o, const rendezvous& r) {
+  return r.node_rank >= 0 ? r.node_rank : o.node_rank < 0 ? 0 : o.node_rank;
+}
+inline int first_rank_of(const options& o, const rendezvous& r) {
+  return r.rank_offset >= 0 ? r.rank_offset : node_rank_of(o, r) * o.nproc_per_node;
+}
+inline int world_size_of(const options& o, const rendezvous& r) {
+  return r.world_size >= 0 ? r.world_size : o.nnodes * o.nproc_per_node;
+}
+
+/// The job token the workers' store authenticates with (CCLITE_RDZV_TOKEN)
+/// when the user set none: derived from the job id, so that every node
+/// computes the same one without talking, and jobs with different ids cannot
+/// talk to each other's store. It separates jobs; it is not a secret (set
+/// CCLITE_RDZV_TOKEN yourself for that).
+inline std::string derived_token(const std::string& rdzv_id) {
+  std::uint64_t h1 = 1469598103934665603ULL, h2 = 1099511628211ULL * 31;
+  for (unsigned char c : "cclite-run job token:" + rdzv_id) {
+    h1 = (h1 ^ c) * 1099511628211ULL;  // FNV-1a
+    h2 = (h2 ^ c) * 6364136223846793005ULL + 1442695040888963407ULL;
+  }
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(h1),
+                static_cast<unsigned long long>(h2));
+  return buf;
+}
 
 /// Decides MASTER_ADDR/MASTER_PORT and the rendezvous endpoint from the flags.
 /// An explicit --master-addr/--master-port wins; otherwise the endpoint gives
@@ -100,16 +140,17 @@ using env_list = std::vector<std::pair<std::string, std::string>>;
 /// cclite's CCLITE_RDZV_*).
 inline env_list worker_variables(const options& o, const rendezvous& r, int local_rank) {
   const int n = o.nproc_per_node;
-  const int node = o.node_rank < 0 ? 0 : o.node_rank;
-  const std::string rank = std::to_string(node * n + local_rank);
-  const std::string world = std::to_string(o.nnodes * n);
-  return {
+  const int node = node_rank_of(o, r);
+  const std::string rank = std::to_string(first_rank_of(o, r) + local_rank);
+  const std::string world = std::to_string(world_size_of(o, r));
+  const char* user_token = std::getenv("CCLITE_RDZV_TOKEN");
+  env_list vars = {
       {"RANK", rank},
       {"WORLD_SIZE", world},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(n)},
       {"GROUP_RANK", std::to_string(node)},
-      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"GROUP_WORLD_SIZE", std::to_string(r.group_size > 0 ? r.group_size : o.nnodes)},
       {"NODE_RANK", std::to_string(node)},
       {"ROLE_RANK", rank},
       {"ROLE_WORLD_SIZE", world},
@@ -118,9 +159,11 @@ inline env_list worker_variables(const options& o, const rendezvous& r, int loca
       {"CCLITE_RDZV_ENDPOINT", r.endpoint},
       {"CCLITE_RDZV_ID", o.rdzv_id},
       {"TORCHELASTIC_RUN_ID", o.rdzv_id},
-      {"TORCHELASTIC_RESTART_COUNT", "0"},
-      {"TORCHELASTIC_MAX_RESTARTS", "0"},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(r.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
+  if (!user_token || !*user_token) vars.push_back({"CCLITE_RDZV_TOKEN", derived_token(o.rdzv_id)});
+  return vars;
 }
 
 /// `base` (a NULL-terminated environ) with `vars` set, replacing old values:

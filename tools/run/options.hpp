@@ -17,7 +17,9 @@ namespace cclite::run {
 
 struct options {
   int nproc_per_node = 1;
-  int nnodes = 1;
+  int nnodes = 1;      ///< the most nodes (MAX of --nnodes MIN:MAX)
+  int min_nnodes = 0;  ///< MIN of --nnodes MIN:MAX; 0: same as nnodes
+  int max_restarts = 0;
   int node_rank = -1;         ///< -1: not given
   std::string rdzv_endpoint;  ///< host[:port]; empty: not given
   std::string rdzv_id = "none";
@@ -26,8 +28,19 @@ struct options {
   bool standalone = false;
   bool prefix = true;    ///< "[rank R]: " before each line of worker output
   double timeout_s = 0;  ///< 0: no limit
+  std::string rdzv_backend;       ///< "static": no agents' rendezvous even with --rdzv-endpoint
+  double rdzv_timeout_s = 900;    ///< how long agents wait for every node to join
+  double node_timeout_s = 15;     ///< a node whose agent is silent this long is lost
+  double rdzv_last_call_s = 30;   ///< elastic: close a round this long after the last newcomer
   std::vector<std::string> command;
 };
+
+/// True when the agents meet at --rdzv-endpoint to agree on node ranks
+/// (torchrun's c10d rendezvous); false for one node or a static launch
+/// (--rdzv-backend static, or --node-rank with --master-addr and no endpoint).
+inline bool dynamic_rendezvous(const options& o) {
+  return o.nnodes > 1 && !o.rdzv_endpoint.empty() && o.rdzv_backend != "static";
+}
 
 struct parse_result {
   enum class action { run, help, usage_error };
@@ -81,20 +94,27 @@ inline std::string validate(const options& o) {
   if (o.node_rank >= o.nnodes)
     return "--node-rank " + std::to_string(o.node_rank) + " is out of range for --nnodes " +
            std::to_string(o.nnodes) + " (valid: 0.." + std::to_string(o.nnodes - 1) + ")";
-  if (o.nnodes > 1) {
+  if (o.min_nnodes > 0 && o.min_nnodes < o.nnodes) {
+    if (!dynamic_rendezvous(o))
+      return "--nnodes " + std::to_string(o.min_nnodes) + ":" + std::to_string(o.nnodes) +
+             " (elastic) needs --rdzv-endpoint host:port, where the nodes' agents meet";
+    if (o.node_rank >= 0)
+      return "--node-rank cannot be combined with an elastic --nnodes MIN:MAX: the rendezvous "
+             "numbers the nodes that show up";
+  }
+  if (o.nnodes > 1 && !dynamic_rendezvous(o)) {
     bool has_rank = o.node_rank >= 0;
     bool has_addr = !o.rdzv_endpoint.empty() || !o.master_addr.empty();
-    if (!has_rank || !has_addr) {
-      std::string n = std::to_string(o.nnodes);
-      std::string missing = !has_rank && !has_addr ? "--node-rank and --rdzv-endpoint"
-                            : !has_rank            ? "--node-rank"
-                                                   : "--rdzv-endpoint";
-      return "--nnodes " + n + " needs " + missing +
-             ": run the same command on every node with --node-rank K (0.." +
+    std::string n = std::to_string(o.nnodes);
+    if (!has_addr)
+      return "--nnodes " + n +
+             " needs --rdzv-endpoint host:port: run the same command on every node; the "
+             "agents meet there and number the nodes (or give a static --node-rank K and "
+             "--master-addr of node 0)";
+    if (!has_rank)
+      return "--nnodes " + n + " with --rdzv-backend static or --master-addr needs --node-rank K (0.." +
              std::to_string(o.nnodes - 1) +
-             ", unique per node) and --rdzv-endpoint host:port of node 0 (or "
-             "--master-addr/--master-port)";
-    }
+             ", unique per node); leave both out and give --rdzv-endpoint to have the nodes numbered";
   }
   return {};
 }
@@ -145,7 +165,8 @@ inline parse_result parse_args(const std::vector<std::string>& args) {
 
     static const char* const valued[] = {
         "--nproc-per-node", "--nnodes",      "--node-rank", "--rdzv-endpoint", "--rdzv-id",
-        "--master-addr",    "--master-port", "--timeout",   "--rdzv-backend",  "--max-restarts"};
+        "--master-addr",    "--master-port", "--timeout",   "--rdzv-backend",  "--max-restarts",
+        "--rdzv-timeout",   "--node-timeout", "--rdzv-last-call"};
     bool known = false;
     for (const char* v : valued) known = known || flag == v;
     if (!known) return fail("unknown option '" + arg + "'");
@@ -158,11 +179,13 @@ inline parse_result parse_args(const std::vector<std::string>& args) {
       if (!detail::parse_int(value, 1, 1 << 20, o.nproc_per_node))
         return fail("--nproc-per-node needs a positive integer, got '" + value + "'");
     } else if (flag == "--nnodes") {
-      if (value.find(':') != std::string::npos)
-        return fail("--nnodes " + value +
-                    ": elastic MIN:MAX ranges are not supported yet; give the node count");
-      if (!detail::parse_int(value, 1, 1 << 20, o.nnodes))
-        return fail("--nnodes needs a positive integer, got '" + value + "'");
+      if (auto colon = value.find(':'); colon != std::string::npos) {
+        if (!detail::parse_int(value.substr(0, colon), 1, 1 << 20, o.min_nnodes) ||
+            !detail::parse_int(value.substr(colon + 1), 1, 1 << 20, o.nnodes) || o.min_nnodes > o.nnodes)
+          return fail("--nnodes " + value + ": write MIN:MAX with 1 <= MIN <= MAX (e.g. 2:4)");
+      } else if (!detail::parse_int(value, 1, 1 << 20, o.nnodes)) {
+        return fail("--nnodes needs a positive integer or MIN:MAX, got '" + value + "'");
+      }
     } else if (flag == "--node-rank") {
       if (!detail::parse_int(value, 0, 1 << 20, o.node_rank))
         return fail("--node-rank needs an integer >= 0, got '" + value + "'");
@@ -181,13 +204,21 @@ inline parse_result parse_args(const std::vector<std::string>& args) {
     } else if (flag == "--timeout") {
       if (!detail::parse_seconds(value, o.timeout_s))
         return fail("--timeout needs a number of seconds > 0, got '" + value + "'");
+    } else if (flag == "--rdzv-timeout") {
+      if (!detail::parse_seconds(value, o.rdzv_timeout_s))
+        return fail("--rdzv-timeout needs a number of seconds > 0, got '" + value + "'");
+    } else if (flag == "--node-timeout") {
+      if (!detail::parse_seconds(value, o.node_timeout_s))
+        return fail("--node-timeout needs a number of seconds > 0, got '" + value + "'");
+    } else if (flag == "--rdzv-backend") {
+      o.rdzv_backend = value;  // c10d, etcd, ...: cclite has one dynamic rendezvous; "static" opts out
     } else if (flag == "--max-restarts") {
-      int n = 0;
-      if (!detail::parse_int(value, 0, 1 << 20, n) || n != 0)
-        return fail("--max-restarts " + value +
-                    ": restarting failed workers is not supported yet; use 0");
+      if (!detail::parse_int(value, 0, 1 << 20, o.max_restarts))
+        return fail("--max-restarts needs an integer >= 0, got '" + value + "'");
+    } else if (flag == "--rdzv-last-call") {
+      if (!detail::parse_seconds(value, o.rdzv_last_call_s))
+        return fail("--rdzv-last-call needs a number of seconds > 0, got '" + value + "'");
     }
-    // --rdzv-backend: accepted for torchrun command lines; cclite has one rendezvous.
   }
 
   o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(std::min(i, args.size())),
@@ -205,12 +236,28 @@ prefix, and stops the whole job as soon as one worker fails.
 
 options (--name value or --name=value; '_' may replace '-' as in torchrun):
   --nproc-per-node N   workers on this node (default 1)
-  --nnodes M           nodes in the job (default 1); M > 1 needs --node-rank
-                       and --rdzv-endpoint (or --master-addr)
-  --node-rank K        this node's index, 0..M-1, unique per node
-  --rdzv-endpoint H:P  where rank 0 hosts the rendezvous store (default port
-                       29400); sets CCLITE_RDZV_ENDPOINT, MASTER_ADDR/PORT
-  --rdzv-id ID         job id, the same on every node (default "none")
+  --nnodes M           nodes in the job (default 1); M > 1 needs --rdzv-endpoint
+  --rdzv-endpoint H:P  where the nodes' agents meet (default port 29400): the
+                       agent on host H hosts the store (else the first to bind
+                       the port), node ranks are handed out in joining order
+                       (H's node is 0) and node 0's address becomes
+                       MASTER_ADDR; the same command runs on every node
+  --rdzv-id ID         job id, the same on every node (default "none"); an
+                       agent of another id at the same endpoint is refused
+  --node-rank K        this node's index, 0..M-1 (optional: fixes the order)
+  --rdzv-backend static
+                       no agents' rendezvous: every node needs --node-rank,
+                       and rank 0 hosts the store at --rdzv-endpoint itself
+  --rdzv-timeout SEC   how long to wait for every node to join (default 900)
+  --node-timeout SEC   a node whose agent is silent this long is declared lost
+                       and the job stops on every node (default 15)
+  --nnodes MIN:MAX     elastic: start with MAX nodes, or with at least MIN once
+                       --rdzv-last-call SEC (default 30) passed without a newcomer
+  --max-restarts K     after a failure (a worker, or a lost node) restart every
+                       node's workers, up to K times: the agents meet again
+                       (without the lost nodes, if MIN allows) and the workers
+                       start over (they resume from their own checkpoints);
+                       TORCHELASTIC_RESTART_COUNT tells them which attempt
   --master-addr A      MASTER_ADDR (default: endpoint host, else 127.0.0.1)
   --master-port P      MASTER_PORT (default: endpoint port, else a free port
                        on one node, 29500 on several)
@@ -219,26 +266,30 @@ options (--name value or --name=value; '_' may replace '-' as in torchrun):
   --tee-prefix         prefix worker output with "[rank R]: " (default)
   --no-prefix          pass worker output through unchanged (still whole lines)
   --timeout SEC        stop the job and exit 124 after SEC seconds
-  --no-python, --rdzv-backend X, --max-restarts 0
-                       accepted for torchrun command lines; no effect
+  --no-python          accepted for torchrun command lines; no effect
   -h, --help           print this help
 
 Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
-NODE_RANK, MASTER_ADDR, MASTER_PORT, CCLITE_RDZV_ENDPOINT, CCLITE_RDZV_ID and
-TORCHELASTIC_RUN_ID; its stdin is /dev/null and it runs in its own process
+GROUP_WORLD_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, CCLITE_RDZV_ENDPOINT,
+CCLITE_RDZV_ID, CCLITE_RDZV_TOKEN (derived from the id unless set),
+TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT; its stdin is /dev/null and it runs in its own process
 group. SIGINT/SIGTERM/SIGHUP/SIGQUIT are forwarded to every worker (SIGKILL
 10 s later); when a worker fails the others get SIGTERM (SIGKILL 5 s later).
 
 exit status: 0 when every worker exits 0; else the first failed worker's
-status (128+N if it was killed by signal N); 124 after --timeout; 128+N when
+status (128+N if it was killed by signal N), on every node of the job; 1
+when the rendezvous fails or a node is lost; 124 after --timeout; 128+N when
 cclite-run itself got signal N; 127 (126) when program is missing (not
 executable); 2 for a usage error.
 
 examples:
   cclite-run --nproc-per-node 4 ./train --epochs 3
-  # the same command on node0 and node1, with --node-rank 0 and 1:
-  cclite-run --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-id 100 \
+  # the same command on node0 and node1:
+  cclite-run --nnodes 2 --nproc-per-node 4 --rdzv-id 100 \
              --rdzv-endpoint node0:29400 ./train
+  # elastic: 2 to 4 nodes, up to 3 restarts (the program resumes its checkpoint)
+  cclite-run --nnodes 2:4 --max-restarts 3 --nproc-per-node 4 --rdzv-id 100 \
+             --rdzv-endpoint node0:29400 ./train --resume
   cclite-run --nproc_per_node=2 --timeout 600 --no-prefix ./allreduce_perf
 )";
 }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "agent.hpp"
 #include "job.hpp"
 #include "options.hpp"
 #include "signals.hpp"
@@ -37,12 +38,17 @@ struct timings {
 
 class supervisor {
  public:
-  supervisor(options opts, rendezvous rdzv, signal_events& signals, timings t = {})
+  /// `peers`: the agents' rendezvous of a multi-node job (nullptr on one node
+  /// or in a static launch): a failure here is told to every node, and a
+  /// failure or a lost node elsewhere stops the workers here.
+  supervisor(options opts, rendezvous rdzv, signal_events& signals, timings t = {},
+             agent* peers = nullptr)
       : opts_(std::move(opts)),
         rdzv_(std::move(rdzv)),
         signals_(signals),
         t_(t),
-        host_(host_name()) {}
+        host_(host_name()),
+        peers_(peers) {}
 
   /// Runs the job to the end; returns cclite-run's exit status.
   int run() {
@@ -54,19 +60,37 @@ class supervisor {
     // A stopped job's workers are gone; leftovers of their process groups that
     // ignored SIGTERM (and kept our pipes open until now) go too.
     if (stopping_) signal_groups(SIGKILL);
+    if (peers_ && !exit_code_) {
+      // Our workers are done; the job is not until every node's are.
+      auto take_signal = [this] {
+        for (int sig : signals_.take())
+          if (sig != SIGCHLD && !exit_code_) exit_code_ = 128 + sig;
+        return exit_code_.value_or(0);
+      };
+      if (auto e = peers_->exit_barrier(signals_.fd(), take_signal)) {
+        say(e->message);
+        exit_code_ = e->exit_code;
+        restartable_ = e->restartable;
+      }
+    }
     return exit_code_.value_or(0);
   }
+
+  /// After run(): the job failed in a way a restart may cure (a worker
+  /// failed, here or on another node, or a node was lost), as opposed to a
+  /// signal, --timeout or a program that cannot be executed.
+  bool restartable() const { return restartable_ && exit_code_.value_or(0) != 0; }
 
  private:
   using clock = std::chrono::steady_clock;
 
   bool start_workers() {
     const int n = opts_.nproc_per_node;
-    const int node = std::max(opts_.node_rank, 0);
+    const int first = first_rank_of(opts_, rdzv_);
     for (int local = 0; local < n; ++local) {
       worker w;
       w.local_rank = local;
-      w.rank = node * n + local;
+      w.rank = first + local;
       std::string prefix = opts_.prefix ? "[rank " + std::to_string(w.rank) + "]: " : "";
       w.out_lines = line_splitter(prefix);
       w.err_lines = line_splitter(prefix);
@@ -75,6 +99,7 @@ class supervisor {
       if (!r.ok) {
         say(r.error);
         exit_code_ = r.exec_errno == 0 ? 1 : r.exec_errno == ENOENT ? 127 : 126;
+        if (peers_) peers_->report_failure(r.error + " (host " + host_ + ")", *exit_code_);
         if (!workers_.empty())
           say("stopping the " + plural(running_count(), "worker") + " already started");
         stop(SIGTERM, t_.failure_grace);
@@ -83,8 +108,8 @@ class supervisor {
       workers_.push_back(std::move(w));
     }
     if (debug_enabled())
-      say("started " + plural(n, "worker") + ": ranks " + std::to_string(node * n) + ".." +
-          std::to_string(node * n + n - 1) + " of " + std::to_string(opts_.nnodes * n) +
+      say("started " + plural(n, "worker") + ": ranks " + std::to_string(first) + ".." +
+          std::to_string(first + n - 1) + " of " + std::to_string(world_size_of(opts_, rdzv_)) +
           ", rendezvous " + rdzv_.endpoint + " (MASTER_ADDR=" + rdzv_.master_addr +
           " MASTER_PORT=" + std::to_string(rdzv_.master_port) + "), id " + opts_.rdzv_id);
     return true;
@@ -127,7 +152,7 @@ class supervisor {
   /// One poll() over the signal pipe and every open worker pipe, then handles
   /// whatever is ready. Returns at `wake_by` at the latest.
   void poll_once(clock::time_point wake_by) {
-    std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+    std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}, {peers_ ? peers_->event_fd() : -1, POLLIN, 0}};
     struct source {
       worker* w;
       bool is_err;
@@ -150,11 +175,13 @@ class supervisor {
     if (fds[0].revents != 0)
       for (int sig : signals_.take())
         if (sig != SIGCHLD) handle_signal(sig);  // exits are found by reap()
-    for (std::size_t i = 1; i < fds.size(); ++i) {
+    if (fds[1].revents != 0)
+      if (auto e = peers_->take_event()) handle_remote(*e);
+    for (std::size_t i = 2; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
-      worker& w = *sources[i - 1].w;
+      worker& w = *sources[i - 2].w;
       // One read per ready pipe per round keeps a chatty worker from starving the others.
-      if (sources[i - 1].is_err)
+      if (sources[i - 2].is_err)
         read_stream(w.err_fd, w.err_lines, STDERR_FILENO, 1);
       else
         read_stream(w.out_fd, w.out_lines, STDOUT_FILENO, 1);
@@ -219,11 +246,34 @@ class supervisor {
       if (WCOREDUMP(status)) how += " (core dumped)";
 #endif
     }
+    restartable_ = true;
     std::string msg = "rank " + std::to_string(w.rank) + " (host " + host_ + ", pid " +
                       std::to_string(w.pid) + ") " + how;
+    if (peers_) {
+      job_event first = peers_->report_failure(msg, *exit_code_);
+      if (first.message != msg) {  // another node failed first: its failure is the job's
+        say(msg + " after another node failed");
+        msg = "the first failure: " + first.message;
+        exit_code_ = first.exit_code;
+        restartable_ = first.restartable;
+      } else {
+        msg += " (node " + std::to_string(peers_->node_rank()) + ")";
+      }
+    }
     if (int others = running_count(); others > 0)
-      msg += "; stopping the other " + plural(others, "worker");
+      msg += "; stopping the other " + plural(others, "worker") + (peers_ ? " here" : "");
+    if (peers_) msg += "; the job stops on every node";
     say(msg);
+    stop(SIGTERM, t_.failure_grace);
+  }
+
+  /// Another node failed or was lost (or the rendezvous store went away).
+  void handle_remote(const job_event& e) {
+    if (stopping_) return;
+    exit_code_ = e.exit_code;
+    restartable_ = e.restartable;
+    int n = running_count();
+    say(e.message + (n > 0 ? "; stopping the " + plural(n, "worker") + " on this node" : ""));
     stop(SIGTERM, t_.failure_grace);
   }
 
@@ -233,6 +283,10 @@ class supervisor {
     say("received " + signal_name(sig) + "; forwarding it to " + plural(n, "worker") +
         (kill_at_ ? "" : " (SIGKILL in " + seconds(t_.signal_grace) + " if they keep running)"));
     if (!exit_code_) exit_code_ = 128 + sig;
+    if (peers_)
+      peers_->report_failure("cclite-run on node " + std::to_string(peers_->node_rank()) + " (host " +
+                                 host_ + ") received " + signal_name(sig),
+                             128 + sig, /*restartable=*/false);
     stop(sig, t_.signal_grace);
   }
 
@@ -321,9 +375,11 @@ class supervisor {
   signal_events& signals_;
   timings t_;
   std::string host_;
+  agent* peers_ = nullptr;
   std::vector<worker> workers_;
 
   std::optional<int> exit_code_;  ///< the first reason to stop decides it
+  bool restartable_ = false;
   bool stopping_ = false;
   int stop_signal_ = SIGTERM;
   std::chrono::milliseconds stop_grace_{0};

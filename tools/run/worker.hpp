@@ -5,6 +5,9 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/types.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,7 +47,16 @@ namespace detail {
 /// allocation (argv/envp were built by the parent).
 [[noreturn]] inline void exec_child(char* const* argv, char** envp, int devnull, int out_w,
                                     int err_w, int status_w, const signal_events& signals,
-                                    const sigset_t& old_mask) {
+                                    const sigset_t& old_mask, pid_t launcher) {
+#ifdef __linux__
+  // A launcher killed with SIGKILL cannot stop its workers; the kernel does it
+  // for us, so no orphan keeps a device or a port, and the other nodes see
+  // their peers go away instead of waiting for them. (Kept across exec.)
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(127);  // the launcher died before prctl
+#else
+  (void)launcher;
+#endif
   // Its own group, so that forwarding a signal to -pid reaches the worker's
   // children too, and a Ctrl-C in the terminal reaches only the launcher
   // (which then forwards it once, to everyone).
@@ -112,10 +124,11 @@ inline spawn_result spawn_worker(worker& w, const std::vector<std::string>& comm
   }
 
   sigset_t old_mask = signals.block();
+  const pid_t launcher = ::getpid();
   pid_t pid = ::fork();
   if (pid == 0)
     detail::exec_child(argv.data(), envp.data(), devnull, out[1], err[1], status[1], signals,
-                       old_mask);
+                       old_mask, launcher);
   int fork_errno = errno;
   signal_events::unblock(old_mask);
   if (pid < 0) {

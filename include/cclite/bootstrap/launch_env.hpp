@@ -232,11 +232,22 @@ inline result<launch_info> detect_launch(const env_getter& get) {
     }
   }
   if (const char* d = env_value(get, "CCLITE_RDZV_DIR")) li.rdzv_dir = d;
-  if (li.size > 1 && li.rdzv_host.empty() && li.rdzv_dir.empty())
+  if (li.size > 1 && li.rdzv_host.empty() && li.rdzv_dir.empty()) {
+    // How to pass a variable to every rank depends on the launcher: say it in its terms.
+    const char* how = "";
+    if (li.launcher == "openmpi")
+      how = " (with mpirun: -x CCLITE_RDZV_ENDPOINT=<first host>:29400, or -x CCLITE_RDZV_DIR=<dir every "
+            "node mounts>)";
+    else if (li.launcher == "slurm")
+      how = " (with srun: export CCLITE_RDZV_ENDPOINT=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | "
+            "head -n1):29400 before srun)";
+    else if (li.launcher == "pmi")
+      how = " (with mpiexec: -genv CCLITE_RDZV_ENDPOINT <first host>:29400)";
     return make_error(errc::bootstrap_error,
                       "cclite: rank %d of %d (from %s) has no rendezvous: set CCLITE_RDZV_ENDPOINT=host:port "
-                      "(rank 0 hosts the store) or CCLITE_RDZV_DIR=/shared/dir",
-                      li.rank, li.size, li.source.c_str());
+                      "(rank 0 hosts the store) or CCLITE_RDZV_DIR=/shared/dir%s",
+                      li.rank, li.size, li.source.c_str(), how);
+  }
 
   if (const char* id = env_value(get, "CCLITE_RDZV_ID")) {
     li.job_id = id;

@@ -19,12 +19,16 @@
 #include <cclite/algorithm/primitives.hpp>
 #include <cclite/algorithm/ring_gather.hpp>
 #include <cclite/bootstrap/store.hpp>
+#include <cclite/algorithm/halving_doubling.hpp>
 #include <cclite/algorithm/recursive_doubling.hpp>
+#include <cclite/algorithm/tree.hpp>
+#include <cclite/collective/mismatch.hpp>
 #include <cclite/collective/op.hpp>
 #include <cclite/collective/select.hpp>
 #include <cclite/core/env.hpp>
 #include <cclite/core/log.hpp>
 #include <cclite/topology/topology.hpp>
+#include <cclite/transport/any_link.hpp>
 #include <cclite/transport/transport_set.hpp>
 
 namespace cclite {
@@ -69,6 +73,13 @@ class comm_core {
     if (!chunk) return chunk.error();
     chunk_bytes_ = opts.chunk_bytes ? opts.chunk_bytes : static_cast<std::size_t>(chunk.value());
     if (chunk_bytes_ < 4096) chunk_bytes_ = 4096;
+    auto check = env::get_bool("CHECK_MISMATCH", true, false);
+    if (!check) return check.error();
+    check_mismatch_ = check.value();
+    hdr_sent_.assign(static_cast<std::size_t>(size_), 0);
+    hdr_seen_.assign(static_cast<std::size_t>(size_), 0);
+    hdr_.sent = hdr_sent_.data();
+    hdr_.seen = hdr_seen_.data();
     CCLITE_TRY(select_.init(log_));
     scratch_.resize(32 << 10);  // recursive doubling's receive buffer; grows only if forced larger
     const deadline until = deadline::after(timeout_);
@@ -171,16 +182,37 @@ class comm_core {
         if constexpr (has_capacity<std::decay_t<decltype(l)>>::value) mine = std::min(mine, l.capacity());
       }, links_[static_cast<std::size_t>(p)]);
     }
-    auto all = store_allgather(*kv_, "bufmin", rank_, size_, std::to_string(mine), until);
+    // The same exchange agrees on the job's slowest link kind, which the cost
+    // model charges (every rank must choose the same algorithms): shm only if
+    // every pair of the job uses shm.
+    std::string kind = "shm";
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && std::strcmp(transport_of(r), "shm") != 0) kind = transport_of(r);
+    auto all = store_allgather(*kv_, "bufmin", rank_, size_, std::to_string(mine) + "," + kind, until);
     if (!all) return all.error();
     std::size_t least = SIZE_MAX;
-    for (const auto& v : all.value()) least = std::min<std::size_t>(least, std::strtoull(v.c_str(), nullptr, 10));
+    std::string slowest = "shm";
+    for (const auto& v : all.value()) {
+      least = std::min<std::size_t>(least, std::strtoull(v.c_str(), nullptr, 10));
+      const auto comma = v.find(',');
+      if (comma != std::string::npos && v.compare(comma + 1, std::string::npos, "shm") != 0) slowest = v.substr(comma + 1);
+    }
     if (least != SIZE_MAX && chunk_bytes_ > least / 4) {
       const std::size_t fitted = std::max<std::size_t>(4096, align_down(least / 4, 4096));
       CCLITE_INFO(log_, "chunk %zu bytes lowered to %zu: the smallest ring link buffer is %zu bytes",
                   chunk_bytes_, fitted, least);
       chunk_bytes_ = fitted;
     }
+    select_.set_job(slowest, chunk_bytes_);
+    int local = topo_.local_size(0);
+    for (int r = 0; r < size_; ++r)
+      if (topo_.local_size(r) != local) local = 0;  // uneven nodes: no hierarchical shards
+    select_.set_nodes(topo_.node_count(), local);
+    CCLITE_INFO(log_, "cost model: links charged as %s (alpha %.1f us, %.2f GB/s)", slowest.c_str(),
+                select_.costs().link().alpha_us, 1e-3 / select_.costs().link().beta_us_per_byte);
+    // Scratch for rd (its automatic range), tree pieces, and a medium rhd
+    // message, so automatic choices do not allocate after init.
+    scratch_.resize(std::max<std::size_t>(scratch_.size(), 2 * chunk_bytes_));
     return {};
   }
   template <class L, class = void>
@@ -199,22 +231,21 @@ class comm_core {
   }
 
   // Runs `fn(prims)` with primitives over the links to `from` (data comes in)
-  // and `to` (data goes out). One std::visit per step: the byte loops inside
-  // are compiled for the concrete link types.
+  // and `to` (data goes out).
   template <class F>
   status with_links(int from, int to, std::size_t elem, const reduction* red, deadline until, F&& fn) {
-    return std::visit(
-        [&](auto& p, auto& n) -> status {
-          using P = std::decay_t<decltype(p)>;
-          using N = std::decay_t<decltype(n)>;
-          if constexpr (std::is_same_v<P, std::monostate> || std::is_same_v<N, std::monostate>) {
-            return make_error(errc::no_transport, "link to rank %d or %d is not connected", from, to);
-          } else {
-            primitives<P, N> prims(p, n, elem, red, until);
-            return fn(prims);
-          }
-        },
-        links_[static_cast<std::size_t>(from)], links_[static_cast<std::size_t>(to)]);
+    link& p = links_[static_cast<std::size_t>(from)];
+    link& n = links_[static_cast<std::size_t>(to)];
+    if (p.index() == 0 || n.index() == 0)
+      return make_error(errc::no_transport, "link to rank %d or %d is not connected", from, to);
+    // One primitives type per transport set, not per link pair (any_link.hpp);
+    // one adapter when from == to: primitives compare addresses to spot a single link.
+    using L = any_link<link>;
+    L pl(p), nl(n);
+    primitives<L, L> raw(pl, from == to ? pl : nl, elem, red, until);
+    // Call headers ride ahead of the data on every link (mismatch.hpp).
+    checked_primitives<primitives<L, L>> prims(raw, &hdr_, rank_, from, to, chunk_bytes_);
+    return fn(prims);
   }
 
   // Connects, in (min, max) pair order, whichever of `peers` is not yet
@@ -292,6 +323,88 @@ class comm_core {
     return recursive_doubling_allreduce(recv, scratch_.data(), count, red, rank_, size_, exchange);
   }
 
+  // One framed point-to-point transfer with a peer: the building block of the
+  // tree and halving-doubling schedules (each call pads and flushes, so both
+  // sides must split their transfers alike).
+  status exchange_with(int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib,
+                       std::size_t elem, deadline until) {
+    return with_links(peer, peer, elem, nullptr, until, [&](auto& pr) -> status {
+      CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
+      return pr.finish();
+    });
+  }
+
+  // Rabenseifner's reduce-scatter + allgather on `recv` (send copied in first).
+  status run_hd_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                          const reduction& red, deadline until) {
+    CCLITE_TRY(local_copy(send, recv, count * red.elem_size));
+    const std::size_t need = halving_doubling_scratch(count, size_) * red.elem_size;
+    if (scratch_.size() < need) scratch_.resize(need);  // sized at init for the automatic range
+    int peers[64];
+    const int m = halving_doubling_peers(rank_, size_, peers);
+    CCLITE_TRY(ensure_links(peers, m, until));
+    auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
+      return exchange_with(peer, out, ob, in, ib, red.elem_size, until);
+    };
+    return halving_doubling_allreduce(recv, scratch_.data(), count, red, rank_, size_, exchange);
+  }
+
+  // The tree algorithms work on ring positions (node by node), so most tree
+  // edges stay inside a node; `root_pos` rotates a rooted tree onto the root.
+  template <class F>
+  status with_tree_peers(int root_pos, std::size_t elem, deadline until, bool both_trees, F&& fn) {
+    const int n = size_;
+    const int me = (topo_.ring_position(rank_) - root_pos + n) % n;
+    auto rank_at = [&](int tpos) { return topo_.ring()[static_cast<std::size_t>((tpos + root_pos) % n)]; };
+    int tp[6], peers[6];
+    int m = 0;
+    if (both_trees) {
+      m = double_tree_peers(me, n, tp);
+    } else {
+      tree_node t = bit_tree(me, n);
+      for (int p : {t.parent, t.child[0], t.child[1]})
+        if (p >= 0) tp[m++] = p;
+    }
+    for (int i = 0; i < m; ++i) peers[i] = rank_at(tp[i]);
+    CCLITE_TRY(ensure_links(peers, m, until));
+    auto send = [&](int tpos, const std::uint8_t* src, std::size_t b) {
+      return exchange_with(rank_at(tpos), src, b, nullptr, 0, elem, until);
+    };
+    auto recv = [&](int tpos, std::uint8_t* dst, std::size_t b) {
+      return exchange_with(rank_at(tpos), nullptr, 0, dst, b, elem, until);
+    };
+    return fn(me, send, recv);
+  }
+
+  // Tree pieces stay well inside a link buffer (see fit_chunk_to_buffers).
+  std::size_t tree_chunk_elems(std::size_t elem) const { return std::max<std::size_t>(1, chunk_bytes_ / elem); }
+
+  status run_tree_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                            const reduction& red, deadline until) {
+    CCLITE_TRY(local_copy(send, recv, count * red.elem_size));
+    const std::size_t chunk = tree_chunk_elems(red.elem_size);
+    if (scratch_.size() < chunk * red.elem_size) scratch_.resize(chunk * red.elem_size);
+    return with_tree_peers(0, red.elem_size, until, true, [&](int me, auto& snd, auto& rcv) {
+      return double_tree_allreduce(recv, scratch_.data(), count, red, me, size_, chunk, snd, rcv);
+    });
+  }
+
+  status run_tree_broadcast(std::uint8_t* data, std::size_t bytes, int root, std::size_t elem, deadline until) {
+    const std::size_t chunk = tree_chunk_elems(elem) * elem;
+    return with_tree_peers(topo_.ring_position(root), elem, until, false, [&](int me, auto& snd, auto& rcv) {
+      return tree_broadcast(data, bytes, me, size_, chunk, snd, rcv);
+    });
+  }
+
+  status run_tree_reduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, int root,
+                         const reduction& red, deadline until) {
+    const std::size_t chunk = tree_chunk_elems(red.elem_size);
+    if (scratch_.size() < 2 * chunk * red.elem_size) scratch_.resize(2 * chunk * red.elem_size);
+    return with_tree_peers(topo_.ring_position(root), red.elem_size, until, false, [&](int me, auto& snd, auto& rcv) {
+      return tree_reduce(send, recv, scratch_.data(), count, red, me, size_, chunk, snd, rcv);
+    });
+  }
+
   // Gather / scatter straight between the root and each rank, in rank order.
   status run_rooted_direct(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t bytes,
                            std::size_t elem, deadline until) {
@@ -354,6 +467,123 @@ class comm_core {
     return {};
   }
 
+  // ---- cross-rank checks and failure spreading -----------------------------------
+
+  // Starts the header exchange of collective `h` (mismatch.hpp): our header
+  // goes to the ring successor now, whatever the algorithm.
+  status begin_checks(const call_header& h, deadline until) {
+    hdr_.out = hdr_.expect = h;
+    hdr_.active = true;
+    hdr_.knows_culprit = false;
+    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
+    return with_links(prev, next, 1, nullptr, until, [&](auto& pr) { return pr.send_header(); });
+  }
+
+  // Ends it: the ring predecessor's header must have come (an algorithm that
+  // never read from it, e.g. the root of a broadcast, checks it here), and
+  // whatever we queued on the ring successor is flushed.
+  status end_checks(deadline until) {
+    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
+    status st = with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
+      CCLITE_TRY(pr.check_prev());
+      return pr.finish();
+    });
+    hdr_.active = false;
+    return st;
+  }
+
+  // Before a set-up that waits for every rank through the store (shm-direct's
+  // first use): makes sure every rank is in this same call. Check the ring
+  // predecessor's header, then pass a token around the ring n-1 times; a rank
+  // that found a mismatch passes none and closes its links, so no rank waits
+  // out its deadline for store keys of a rank that called something else.
+  status agree_on_call(deadline until) {
+    if (!hdr_.active || size_ < 2) return {};
+    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
+    return with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
+      CCLITE_TRY(pr.check_prev());
+      std::uint8_t token[max_dtype_size] = {};
+      for (int lap = 0; lap < size_ - 1; ++lap) {
+        CCLITE_TRY(pr.send(token, sizeof token));
+        CCLITE_TRY(pr.recv(token, sizeof token));
+      }
+      return pr.finish();
+    });
+  }
+
+  // After a timeout: if the ring predecessor's header has not arrived, that
+  // rank never entered this collective, the most useful thing to report. If
+  // it has arrived, check it (a mismatch explains the hang too). Never blocks.
+  status explain_timeout(status st) {
+    if (!hdr_.active || size_ < 2) return st;
+    const int prev = topo_.ring_prev(rank_);
+    if (hdr_seen_[static_cast<std::size_t>(prev)] == hdr_.expect.seq) return st;
+    const std::string who = peers_[static_cast<std::size_t>(prev)].describe();
+    const char* kind = to_string(static_cast<collective_kind>(hdr_.expect.kind));
+    return std::visit([&](auto& l) -> status {
+      if constexpr (std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) {
+        return st;
+      } else {
+        (void)l.poll();
+        const_bytes b = l.recv_peek();
+        if (b.size >= call_header::wire_bytes) {
+          const call_header theirs = call_header::decode(b.data);
+          if (theirs != hdr_.expect) return mismatch_error(hdr_.expect, rank_, theirs, prev);
+          return st;  // it is in this collective, stuck on something else
+        }
+        if (b.size != 0) return st;  // a header split by the ring's wrap: say nothing more
+        hdr_.knows_culprit = true;
+        return make_error(errc::timeout, "%s did not call %s #%llu (its call header never came; it is "
+                          "still alive but busy elsewhere or waiting in another call): %s", who.c_str(), kind,
+                          static_cast<unsigned long long>(hdr_.expect.seq), st.message().c_str());
+      }
+    }, links_[static_cast<std::size_t>(prev)]);
+  }
+
+  // A fatal error on this rank (`st`, already prefixed with `call`): makes
+  // every rank report the job's first failure rather than its own echo of it.
+  // The first rank to fail records its error in the store; later ones (ranks
+  // whose link to a failed rank broke, after that rank recorded) report the
+  // record. Then every link is closed, so ranks blocked on this one wake up at
+  // once (peer_lost) and read the record too, instead of waiting for their
+  // deadline. Store calls are bounded; if the store is gone, `st` stands.
+  status spread_failure(status st, const std::string& call) {
+    if (fault_spread_) return st;
+    fault_spread_ = true;
+    const bool weak = st.code() == errc::timeout && !hdr_.knows_culprit;
+    std::string rec;
+    // A plain timeout blames whatever this rank waited on, often a victim of
+    // the real culprit: give a rank that knows better a moment to record it.
+    auto found = kv_->get("fault", deadline::after(milliseconds(weak ? 2000 : 0)));
+    if (found) {
+      rec = found.value();
+    } else {
+      auto n = kv_->add("fault/n", 1);
+      if (n && n.value() == 1) {
+        errc c = st.code() == errc::aborted ? errc::peer_lost : st.code();
+        std::string msg = st.code() == errc::aborted
+                              ? peers_[static_cast<std::size_t>(rank_)].describe() + " aborted its communicator: " +
+                                    st.message()
+                              : st.message();
+        (void)kv_->set("fault", std::to_string(static_cast<int>(c)) + "\n" + msg);
+      } else if (n) {
+        auto got = kv_->get("fault", deadline::after(milliseconds(5000)));
+        if (got) rec = got.value();
+      }
+    }
+    close_links();
+    if (rec.empty()) return st;
+    const auto nl = rec.find('\n');
+    const int code = std::atoi(rec.c_str());
+    if (nl == std::string::npos || code <= 0 || code > static_cast<int>(errc::resource_exhausted)) return st;
+    if (st.code() == errc::aborted) return st;  // our own abort() stays "aborted" here
+    return status(static_cast<errc>(code), call + ": the job's first failure: " + rec.substr(nl + 1));
+  }
+
+  void close_links() {
+    for (auto& l : links_) l = link{};
+  }
+
   static std::string join(const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
@@ -378,6 +608,11 @@ class comm_core {
   std::vector<int> scratch_peers_;
   std::vector<std::uint8_t> scratch_;
   algorithm_selector select_;
+  // Mismatch check (mismatch.hpp), on unless CCLITE_CHECK_MISMATCH=0.
+  bool check_mismatch_ = true, fault_spread_ = false;
+  header_state hdr_;
+  std::vector<std::uint64_t> hdr_sent_, hdr_seen_;
+  std::uint64_t coll_seq_ = 0;
 };
 
 }  // namespace detail

@@ -10,9 +10,11 @@
 // count, dtype, op and root (as in NCCL/MPI).
 //
 // Errors: every call returns a status. errc::invalid_argument (bad pointer,
-// root, dtype) leaves the communicator usable; timeout / peer_lost / aborted /
-// protocol_error make it unusable: later calls return the same error at once,
-// and the application should destroy it and build a new one.
+// root, dtype) leaves the communicator usable; timeout / peer_lost / mismatch /
+// aborted / protocol_error make it unusable: later calls return the same error
+// at once, and the application should destroy it and build a new one. Such an
+// error is spread to the other ranks, which report the job's first failure
+// (README "Failure behaviour"; comm_core::spread_failure).
 //
 // Thread safety: calls may come from any thread; they run one at a time in
 // issue order (see work_queue.hpp). abort() may be called from any thread.
@@ -24,6 +26,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <cclite/algorithm/ring_allreduce.hpp>
@@ -33,9 +37,32 @@
 #include <cclite/collective/op.hpp>
 #include <cclite/collective/work_queue.hpp>
 #include <cclite/core/dtype.hpp>
+#include <cclite/core/env.hpp>
 #include <cclite/core/reduce.hpp>
 
 namespace cclite {
+
+namespace detail {
+// The first of the transports that offers a node-wide `direct_group` (shm),
+// or void: shm-direct exists only when such a transport is compiled in.
+template <class T, class = void>
+struct direct_of {
+  using type = void;
+};
+template <class T>
+struct direct_of<T, std::void_t<typename T::direct_group>> {
+  using type = typename T::direct_group;
+};
+template <class... Ts>
+struct first_direct {
+  using type = void;
+};
+template <class T, class... Ts>
+struct first_direct<T, Ts...> {
+  using mine = typename direct_of<T>::type;
+  using type = std::conditional_t<std::is_void_v<mine>, typename first_direct<Ts...>::type, mine>;
+};
+}  // namespace detail
 
 template <class... Transports>
 class communicator final : private detail::comm_core<Transports...>, private detail::op_executor {
@@ -45,6 +72,7 @@ class communicator final : private detail::comm_core<Transports...>, private det
   using core::with_links; using core::ensure_links; using core::run_allgather;
   using core::run_rooted_direct; using core::run_alltoall; using core::local_copy;
   using core::run_rd_allreduce; using core::select_;
+  using core::check_mismatch_; using core::hdr_; using core::coll_seq_;
 
  public:
 
@@ -60,6 +88,7 @@ class communicator final : private detail::comm_core<Transports...>, private det
     }
     std::unique_ptr<communicator> c(new communicator(kv, rank, size));
     CCLITE_TRY(c->core::init(std::move(opts)));
+    c->select_.set_direct(has_direct);
     return c;
   }
 
@@ -200,9 +229,47 @@ class communicator final : private detail::comm_core<Transports...>, private det
   status barrier() { return run(op_desc{}); }
   work barrier_async() { return submit(op_desc{}); }
 
+  /// Color that leaves a rank out of every sub-communicator of split().
+  static constexpr int no_color = -1;
+
+  /// Splits the ranks like MPI_Comm_split / ncclCommSplit: ranks passing the
+  /// same `color` (>= 0) form a new communicator, ordered by (`key`, rank
+  /// here); a rank passing no_color gets a null pointer. Collective: every
+  /// rank of this communicator must call it, in the same order as its other
+  /// calls. Typical uses: `split(c.node_index(), c.rank())` for the ranks of
+  /// one node, `split(c.local_rank(), c.rank())` for one rank per node.
+  /// The child has links of its own (connections are not shared with this
+  /// communicator, as NCCL without splitShare) and lives in this
+  /// communicator's part of the store: destroy it first.
+  /// Errors: those of allgather and create().
+  result<std::unique_ptr<communicator>> split(int color, int key, comm_options opts = {}) {
+    std::int64_t mine[2] = {color < 0 ? -1 : color, key};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size_));
+    CCLITE_TRY(allgather(mine, all.data(), 2, dtype::int64));
+    const int split_no = ++splits_;
+    if (color < 0) return std::unique_ptr<communicator>();
+    std::vector<std::pair<std::int64_t, int>> members;  // (key, parent rank)
+    for (int r = 0; r < size_; ++r)
+      if (all[2 * static_cast<std::size_t>(r)] == color) members.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
+    std::sort(members.begin(), members.end());
+    int new_rank = 0;
+    while (members[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
+    if (opts.timeout.count() == -2) opts.timeout = timeout_;
+    if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
+    opts.store_prefix = "split" + std::to_string(split_no) + "/" + std::to_string(color);
+    return create(*this->kv_, new_rank, static_cast<int>(members.size()), std::move(opts));
+  }
+
+  /// Index of this rank's node (0 .. node_count()-1), for split().
+  int node_index() const { return topo_.node_of(rank_); }
+
   /// Makes every running and future call on this communicator return
   /// errc::aborted (within ~50 ms). Safe from any thread, e.g. a watchdog.
-  void abort() noexcept { aborted_.store(true); }
+  void abort() noexcept {
+    aborted_.store(true);
+    for (auto& child : hier_raw_)
+      if (communicator* c = child.load()) c->abort();
+  }
 
  private:
   communicator(store& kv, int rank, int size) : core(kv, rank, size), queue_(*this) {}
@@ -245,19 +312,43 @@ class communicator final : private detail::comm_core<Transports...>, private det
   status execute(const op_desc& d) override {
     const std::uint64_t seq = ++seq_;
     if (aborted_.load()) {
-      broken_ = make_error(errc::aborted, "communicator aborted (rank %d)", rank_);
+      if (broken_.code() != errc::aborted) {
+        broken_ = make_error(errc::aborted, "communicator aborted (rank %d)", rank_);
+        broken_ = this->spread_failure(broken_, describe_call(d, seq));  // wakes the other ranks
+      }
       return broken_;
     }
     if (!broken_.ok()) {
       return status(broken_.code(), "communicator unusable after an earlier error: " + broken_.message());
     }
     log_call(d);
-    status st = dispatch(d);
+    bool started = false;
+    status st = dispatch_checked(d, started);
     if (!st.ok()) {
-      st = status(st.code(), describe_call(d, seq) + ": " + st.message());
-      if (st.code() != errc::invalid_argument && st.code() != errc::unsupported) broken_ = st;
+      const std::string call = describe_call(d, seq);
+      st = status(st.code(), call + ": " + st.message());
+      // An argument error found once the other ranks are already in the call
+      // (our header went out) would leave them waiting: fatal like the rest.
+      if (started || (st.code() != errc::invalid_argument && st.code() != errc::unsupported)) {
+        st = this->spread_failure(std::move(st), call);
+        broken_ = st;
+      }
       CCLITE_WARN(log_, "%s", st.to_string().c_str());
     }
+    return st;
+  }
+
+  // dispatch() between the call-header exchange with the ring neighbours
+  // (collective/mismatch.hpp); `started` = our header went out.
+  status dispatch_checked(const op_desc& d, bool& started) {
+    if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d);
+    const deadline until = deadline::after(timeout_);
+    started = true;
+    status st = this->begin_checks(detail::make_call_header(d, size_, ++coll_seq_), until);
+    if (st.ok()) st = dispatch(d);
+    if (st.ok()) st = this->end_checks(until);
+    if (st.code() == errc::timeout) st = this->explain_timeout(std::move(st));
+    hdr_.active = false;
     return st;
   }
 
@@ -277,11 +368,23 @@ class communicator final : private detail::comm_core<Transports...>, private det
     switch (d.kind) {
       case collective_kind::allreduce:
         if (n == 1) return local_copy(send, recv, bytes);
-        if (select_.choose(d.kind, bytes, n) == algorithm::rd)
-          return this->run_rd_allreduce(send, recv, d.count, red, until);
+        switch (select_.choose(d.kind, bytes, n)) {
+          case algorithm::rd: return this->run_rd_allreduce(send, recv, d.count, red, until);
+          case algorithm::rhd: return this->run_hd_allreduce(send, recv, d.count, red, until);
+          case algorithm::tree: return this->run_tree_allreduce(send, recv, d.count, red, until);
+          case algorithm::hier:
+            if (select_.hier_possible()) return run_hier_allreduce(d, red);
+            break;  // one node, or nodes of different sizes: the ring
+          case algorithm::direct:
+            if (select_.direct_possible()) return run_direct_allreduce(send, recv, d.count, red, until);
+            break;  // several nodes or a non-shm link: the ring
+          default: break;
+        }
         return ring([&](auto& pr) { return ring_allreduce(pr, send, recv, d.count, elem, red, n, pos, chunk); });
       case collective_kind::broadcast: {
         if (n == 1) return {};
+        if (select_.choose(d.kind, bytes, n) == algorithm::tree)
+          return this->run_tree_broadcast(recv, bytes, d.root, elem, until);
         const int rel = (pos - topo_.ring_position(d.root) + n) % n;
         return ring([&](auto& pr) { return ring_broadcast(pr, recv, bytes, n, rel); });
       }
@@ -293,6 +396,8 @@ class communicator final : private detail::comm_core<Transports...>, private det
         if (d.count && rank_ == d.root && !recv)
           return make_error(errc::invalid_argument, "reduce: null recv buffer on the root");
         if (n == 1) return local_copy(send, recv, bytes);
+        if (select_.choose(d.kind, bytes, n) == algorithm::tree)
+          return this->run_tree_reduce(send, recv, d.count, d.root, red, until);
         const int rel = (pos - topo_.ring_position(d.root) + n) % n;
         return ring([&](auto& pr) { return chain_reduce(pr, send, recv, d.count, elem, red, n, rel); });
       }
@@ -354,9 +459,14 @@ class communicator final : private detail::comm_core<Transports...>, private det
     std::uint64_t& seen = logged_[static_cast<std::size_t>(d.kind)];
     if (!(seen & bit)) {
       seen |= bit;
+      const algorithm a = select_.choose(d.kind, bytes, size_);
       const char* algo = size_ == 1 ? "local copy"
-                         : select_.choose(d.kind, bytes, size_) == algorithm::rd ? "recursive doubling"
-                                                                                  : algorithm_name(d.kind);
+                         : a == algorithm::rd ? "recursive doubling"
+                         : a == algorithm::rhd ? "halving-doubling (Rabenseifner)"
+                         : a == algorithm::tree ? (d.kind == collective_kind::allreduce ? "double binary tree" : "binary tree")
+                         : a == algorithm::hier && select_.hier_possible() ? "hierarchical (node reduce-scatter, cross-node allreduce, node allgather)"
+                         : a == algorithm::direct && select_.direct_possible() ? "shm-direct (each rank reduces its slice from the peers' buffers)"
+                                                : algorithm_name(d.kind);
       CCLITE_INFO(log_, "%s: %zu bytes (class <= 2^%d): algorithm %s, chunk %zu bytes, ring %s/%s",
                   to_string(d.kind), bytes, cls, algo, chunk_bytes_,
                   size_ > 1 ? transport_of(topo_.ring_prev(rank_)) : "self",
@@ -376,7 +486,112 @@ class communicator final : private detail::comm_core<Transports...>, private det
     }
   }
 
+  // ---- hierarchical allreduce ---------------------------------------------------------
+
+  // The two child communicators, built on first use from the topology every
+  // rank already knows (no extra agreement): the ranks of this node, and the
+  // ranks with this local rank on every node (a node-leader per shard).
+  status make_hier_children() {
+    const int node = topo_.node_of(rank_), lr = topo_.local_rank(rank_);
+    comm_options o;
+    o.timeout = timeout_;
+    o.chunk_bytes = chunk_bytes_;
+    o.store_prefix = "hier/node" + std::to_string(node);
+    auto in_node = create(*this->kv_, lr, topo_.local_size(rank_), o);
+    if (!in_node) return status(in_node.error().code(), "building the node communicator: " + in_node.error().message());
+    o.store_prefix = "hier/cross" + std::to_string(lr);
+    auto across = create(*this->kv_, node, topo_.node_count(), o);
+    if (!across) return status(across.error().code(), "building the cross-node communicator: " + across.error().message());
+    hier_node_ = std::move(in_node.value());
+    hier_cross_ = std::move(across.value());
+    hier_raw_[0] = hier_node_.get();
+    hier_raw_[1] = hier_cross_.get();
+    if (aborted_.load()) abort();
+    CCLITE_INFO(log_, "hierarchical allreduce: node %d (%d ranks over %s), shard %d across %d nodes over %s", node,
+                hier_node_->size(), hier_node_->size() > 1 ? hier_node_->transport_of((hier_node_->rank() + 1) % hier_node_->size()) : "self",
+                lr, hier_cross_->size(), hier_cross_->size() > 1 ? hier_cross_->transport_of((hier_cross_->rank() + 1) % hier_cross_->size()) : "self");
+    return {};
+  }
+
+  // Reduce-scatter inside the node (shard `local rank` of local_size shards
+  // lands in place), allreduce of that shard across nodes, allgather inside
+  // the node; the count % local_size tail elements are allreduced in the node,
+  // then across. avg sums at both levels and divides once at the end, so the
+  // result is the reference's (two integer divisions would truncate twice).
+  status run_hier_allreduce(const op_desc& d, const reduction& red) {
+    if (!hier_node_) CCLITE_TRY(make_hier_children());
+    communicator& in_node = *hier_node_;
+    communicator& across = *hier_cross_;
+    const std::size_t elem = red.elem_size, L = static_cast<std::size_t>(in_node.size());
+    const std::size_t q = d.count / L, tail = d.count - q * L;
+    const reduce_op inner = red.needs_divide ? reduce_op::sum : d.op;
+    const auto* send = static_cast<const std::uint8_t*>(d.send);
+    auto* recv = static_cast<std::uint8_t*>(d.recv);
+    std::uint8_t* shard = recv + static_cast<std::size_t>(in_node.rank()) * q * elem;
+    auto step = [](const char* what, status st) {
+      return st.ok() ? st : status(st.code(), std::string("hierarchical allreduce, ") + what + ": " + st.message());
+    };
+    if (q) {
+      CCLITE_TRY(step("reduce-scatter in the node", in_node.reduce_scatter(send, shard, q, d.type, inner)));
+      CCLITE_TRY(step("allreduce across nodes", across.allreduce(shard, shard, q, d.type, inner)));
+      if (red.needs_divide) red.divide(shard, q, size_);
+      CCLITE_TRY(step("allgather in the node", in_node.allgather(shard, recv, q, d.type)));
+    }
+    if (tail) {
+      std::uint8_t* t = recv + q * L * elem;
+      CCLITE_TRY(local_copy(send + q * L * elem, t, tail * elem));
+      CCLITE_TRY(step("tail in the node", in_node.allreduce(t, t, tail, d.type, inner)));
+      CCLITE_TRY(step("tail across nodes", across.allreduce(t, t, tail, d.type, inner)));
+      if (red.needs_divide) red.divide(t, tail, size_);
+    }
+    return {};
+  }
+
+  // ---- shm-direct allreduce ------------------------------------------------------------
+
+  using direct_t = typename detail::first_direct<Transports...>::type;
+  static constexpr bool has_direct = !std::is_void_v<direct_t>;
+
+  // The node-wide group is built on first use (every rank of a one-node job
+  // takes this path for the same call, so the set-up is collective).
+  status run_direct_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                              const reduction& red, deadline until) {
+    if constexpr (has_direct) {
+      if (!direct_) {
+        CCLITE_TRY(this->agree_on_call(until));  // the set-up below waits for every rank
+        auto cap = env::get_int("SHM_DIRECT_BUFFSIZE", 1 << 20, false);
+        if (!cap) return cap.error();
+        auto spin = env::get_int("SHM_SPIN_US", 10, false);
+        if (!spin) return spin.error();
+        auto g = direct_t::create(*this->kv_, this->ctx_.job_tag, peers_, rank_,
+                                  static_cast<std::size_t>(std::max<std::int64_t>(4096, cap.value())), &aborted_,
+                                  std::chrono::microseconds(spin.value()), until);
+        if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
+        direct_ = std::move(g.value());
+      }
+      // Peers' buffers are read directly, without links: the call headers are
+      // compared in the group's segments instead (collective/mismatch.hpp).
+      std::uint8_t tag[detail::call_header::wire_bytes];
+      hdr_.out.encode(tag);
+      int odd = -1;
+      status st = direct_->allreduce(send, recv, count, red, red.needs_divide ? size_ : 0, until,
+                                     hdr_.active ? tag : nullptr, sizeof tag, &odd);
+      if (st.code() == errc::mismatch && odd >= 0)
+        return detail::mismatch_error(hdr_.expect, rank_, detail::call_header::decode(direct_->tag_of(odd)),
+                                      peers_[static_cast<std::size_t>(odd)].rank);
+      return st;
+    } else {
+      (void)send, (void)recv, (void)count, (void)red, (void)until;
+      return make_error(errc::unsupported, "shm-direct needs the shm transport");
+    }
+  }
+
+  std::unique_ptr<std::conditional_t<has_direct, direct_t, int>> direct_;
+  std::unique_ptr<communicator> hier_node_, hier_cross_;
+  std::atomic<communicator*> hier_raw_[2] = {};  // for abort() from another thread
+
   std::uint64_t seq_ = 0;
+  int splits_ = 0;
   status broken_;
   std::uint64_t logged_[collective_kind_count] = {};
   // Reused between calls so that steady-state collectives do not allocate.

@@ -9,6 +9,12 @@
 //     background thread (started on first use) runs it; the caller gets a
 //     `work` handle whose wait(timeout) returns the call's status.
 // Slots are preallocated (max_outstanding): no heap allocation per call.
+//
+// With CCLITE_NO_THREADS (config.hpp) the queue never starts a thread: every
+// blocking call runs inline on its caller's thread (a second caller thread
+// waits for the first to finish), and submit() - every *_async call - returns
+// a work handle already failed with errc::unsupported. For firmware and RTOS
+// builds where the application owns every thread.
 #pragma once
 
 #include <array>
@@ -16,9 +22,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#if !defined(CCLITE_NO_THREADS)
 #include <thread>
+#endif
 
 #include <cclite/collective/op.hpp>
+#include <cclite/config.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
 
@@ -86,6 +95,10 @@ class work_queue {
   /// Runs `d` in order; inline when nothing is queued or running.
   status run(const op_desc& d) {
     std::unique_lock<std::mutex> lk(mu_);
+#if defined(CCLITE_NO_THREADS)
+    // Nothing is ever queued (submit() refuses): wait for a concurrent caller.
+    cv_.wait(lk, [&] { return !busy_; });
+#endif
     if (count_ == 0 && !busy_) {
       busy_ = true;
       lk.unlock();
@@ -102,6 +115,12 @@ class work_queue {
 
   /// Queues `d` for the background thread.
   work submit(const op_desc& d) {
+#if defined(CCLITE_NO_THREADS)
+    return work(make_error(errc::unsupported,
+                           "%s_async: this build has CCLITE_NO_THREADS (no background thread); "
+                           "use the blocking %s",
+                           to_string(d.kind), to_string(d.kind)));
+#endif
     std::unique_lock<std::mutex> lk(mu_);
     if (count_ == max_outstanding) {
       return work(make_error(errc::resource_exhausted,
@@ -126,7 +145,9 @@ class work_queue {
     const std::uint64_t gen = ++sl.gen;
     fifo_[(head_ + count_) % max_outstanding] = s;
     ++count_;
+#if !defined(CCLITE_NO_THREADS)
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+#endif
     cv_.notify_all();
     return work(this, s, gen);
   }
@@ -138,7 +159,9 @@ class work_queue {
       stop_ = true;
       cv_.notify_all();
     }
+#if !defined(CCLITE_NO_THREADS)
     if (thread_.joinable()) thread_.join();
+#endif
   }
 
  private:
@@ -207,7 +230,9 @@ class work_queue {
   std::array<int, max_outstanding> fifo_{};
   int head_ = 0, count_ = 0;
   bool busy_ = false, stop_ = false;
+#if !defined(CCLITE_NO_THREADS)
   std::thread thread_;
+#endif
 };
 
 }  // namespace detail

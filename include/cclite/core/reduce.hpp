@@ -128,15 +128,26 @@ struct reduction {
 };
 
 namespace detail {
+// Kernel sharing keeps the number of kernels every TU compiles down (there
+// are 10 dtypes x 5 ops): avg runs sum's kernels and divides at the end, and
+// the unsigned integers run the signed ones' sum and prod, which wrap to the
+// same bits (see apply()). Only min, max and divide depend on signedness.
+template <class T> struct same_bits_signed { using type = T; };
+template <> struct same_bits_signed<std::uint8_t> { using type = std::int8_t; };
+template <> struct same_bits_signed<std::uint32_t> { using type = std::int32_t; };
+template <> struct same_bits_signed<std::uint64_t> { using type = std::int64_t; };
+
 template <class T, reduce_op Op>
 reduction make_reduction() noexcept {
+  static_assert(Op != reduce_op::avg, "avg uses sum's kernels");
+  using K = std::conditional_t<Op == reduce_op::min || Op == reduce_op::max, T,
+                               typename same_bits_signed<T>::type>;
   reduction r;
-  r.inplace = &reduce_inplace<T, Op>;
-  r.copy = &reduce_copy<T, Op>;
-  r.copy2 = &reduce_copy2<T, Op>;
+  r.inplace = &reduce_inplace<K, Op>;
+  r.copy = &reduce_copy<K, Op>;
+  r.copy2 = &reduce_copy2<K, Op>;
   r.divide = &detail::divide<T>;
   r.elem_size = sizeof(T);
-  r.needs_divide = Op == reduce_op::avg;
   return r;
 }
 template <class T>
@@ -146,7 +157,11 @@ reduction make_reduction(reduce_op op) noexcept {
     case reduce_op::prod: return make_reduction<T, reduce_op::prod>();
     case reduce_op::min: return make_reduction<T, reduce_op::min>();
     case reduce_op::max: return make_reduction<T, reduce_op::max>();
-    case reduce_op::avg: return make_reduction<T, reduce_op::avg>();
+    case reduce_op::avg: {
+      reduction r = make_reduction<T, reduce_op::sum>();
+      r.needs_divide = true;
+      return r;
+    }
   }
   return {};
 }

@@ -39,6 +39,7 @@
 #include <cclite/core/env.hpp>
 #include <cclite/core/log.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/shm/direct.hpp>
 #include <cclite/shm/fifo.hpp>
 #include <cclite/shm/link.hpp>
 #include <cclite/shm/segment.hpp>
@@ -75,14 +76,6 @@ struct options {
 
 namespace detail {
 
-/// "pid:[4026531836]": equal for processes that see each other's pids.
-inline std::string pid_namespace() {
-  char buf[128];
-  ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
-  if (n <= 0) return "?";
-  return std::string(buf, static_cast<std::size_t>(n));
-}
-
 /// Splits "a\nb\nc" into its lines.
 inline std::vector<std::string> split_lines(const std::string& s) {
   std::vector<std::string> out;
@@ -101,6 +94,9 @@ inline std::vector<std::string> split_lines(const std::string& s) {
 class transport {
  public:
   using link_type = link;
+  /// Node-wide shared buffers for the shm-direct allreduce (direct.hpp); the
+  /// communicator uses it when every rank of the job is on this node.
+  using direct_group = shm::direct_group;
   static constexpr const char* name = "shm";
 
   /// False when CCLITE_SHM_DISABLE (fallback NCCL_SHM_DISABLE) is set to 1.

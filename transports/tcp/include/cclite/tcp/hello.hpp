@@ -95,6 +95,15 @@ inline hello decode(const std::uint8_t in[hello_bytes]) noexcept {
   return h;
 }
 
+/// Parses a frame from bytes [p, p + n) into `out`: false (out untouched)
+/// when fewer than hello_bytes are there. Pure; bytes past the frame are
+/// ignored. Validity is reject_reason()'s job. Fuzzed by tests/fuzz/hello_fuzz.cpp.
+inline bool parse_hello(const std::uint8_t* p, std::size_t n, hello& out) noexcept {
+  if (!p || n < hello_bytes) return false;
+  out = decode(p);
+  return true;
+}
+
 /// Why a hello received by rank `me` of a `size`-rank job with `job_hash` is
 /// not acceptable, or an empty string if it is. Pure; the caller logs the
 /// reason and closes the socket (a stranger never fails the job).
@@ -117,8 +126,9 @@ inline std::string reject_reason(const hello& h, std::uint64_t job_hash, int me,
     return buf;
   }
   if (h.from_rank < 0 || h.from_rank >= me || h.from_rank >= size) {
-    std::snprintf(buf, sizeof buf, "claims to come from rank %d (only ranks 0..%d connect to %d)",
-                  h.from_rank, me - 1, me);
+    // long long: `me - 1` must not overflow for any `me` (found by hello_fuzz).
+    std::snprintf(buf, sizeof buf, "claims to come from rank %d (only ranks 0..%lld connect to %d)",
+                  h.from_rank, static_cast<long long>(me) - 1, me);
     return buf;
   }
   if (h.nsocks < 1 || h.nsocks > static_cast<std::uint32_t>(max_nsocks) || h.sock_index >= h.nsocks) {

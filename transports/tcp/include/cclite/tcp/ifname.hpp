@@ -13,9 +13,13 @@
 // because they need a scope id to be reachable from another host (NCCL skips
 // them too). An interface must be UP.
 //
-// Without CCLITE_SOCKET_IFNAME: the first interface that is not lo, docker*,
-// veth*, virbr* or br-* (container and bridge plumbing that other hosts cannot
-// reach); if there is none, lo, so that a single-machine job still works.
+// Without CCLITE_SOCKET_IFNAME: the interface that routes to the rendezvous
+// host (CCLITE_RDZV_ENDPOINT, else MASTER_ADDR), when that is not loopback:
+// every node reaches that host, so this is the network the nodes share (NCCL
+// matches the subnet of NCCL_COMM_ID the same way). Otherwise the first
+// interface that is not lo, docker*, veth*, virbr* or br-* (container and
+// bridge plumbing that other hosts cannot reach); if there is none, lo, so
+// that a single-machine job still works. The INFO line says which rule chose.
 //
 // The parsing and matching functions are pure (no system calls) so they can be
 // unit-tested against invented interface lists; choose_interface() is the one
@@ -24,11 +28,14 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <netdb.h>
+#include <unistd.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -209,10 +216,15 @@ inline const char* const default_excluded_prefixes = "lo,docker,veth,virbr,br-";
 /// AF_INET6 or AF_UNSPEC (prefer IPv4). Errors: invalid_argument when the
 /// variable selects nothing (the message lists the interfaces that exist),
 /// unsupported when the machine has no usable address at all.
+/// `route_src`: this machine's address on the route to the rendezvous host
+/// `route_dst` (route_source_to()); empty when unknown. Used only when the
+/// variable is unset, and only when it is not a loopback interface's.
 inline result<chosen_interface> select_interface(const std::vector<net_interface>& ifs,
                                                  const char* spec_text,
                                                  const char* spec_source = "CCLITE_SOCKET_IFNAME",
-                                                 int family = AF_UNSPEC) {
+                                                 int family = AF_UNSPEC,
+                                                 const std::string& route_src = {},
+                                                 const std::string& route_dst = {}) {
   chosen_interface c;
   if (spec_text && *spec_text) {
     ifname_spec spec = parse_ifname_spec(spec_text);
@@ -231,6 +243,17 @@ inline result<chosen_interface> select_interface(const std::vector<net_interface
     c.reason = std::string(spec_source) + "='" + spec_text + "' selects " + m->name + " " +
                address_text(m->addr);
     return c;
+  }
+  if (!route_src.empty()) {
+    if (const net_interface* m = detail::first_match(ifs, family, [&](const net_interface& i) {
+          return !i.loopback && address_text(i.addr) == route_src;
+        })) {
+      c.iface = *m;
+      c.reason = m->name + " " + route_src +
+                 " (CCLITE_SOCKET_IFNAME unset: the interface that routes to the rendezvous host " + route_dst +
+                 ", which every node reaches)";
+      return c;
+    }
   }
   ifname_spec skip = parse_ifname_spec(std::string("^") + default_excluded_prefixes);
   if (const net_interface* m = detail::first_match(
@@ -273,6 +296,47 @@ inline result<int> parse_socket_family(const std::string& v) {
                     v.c_str());
 }
 
+/// The source address the kernel would use to reach `host` ("" when it does
+/// not resolve or there is no route). A UDP connect() sends nothing.
+inline std::string route_source_to(const std::string& host, int family = AF_UNSPEC) {
+  addrinfo hints{};
+  hints.ai_family = family;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (host.empty() || ::getaddrinfo(host.c_str(), "9", &hints, &res) != 0) return {};
+  std::string out;
+  for (addrinfo* p = res; p && out.empty(); p = p->ai_next) {
+    int fd = ::socket(p->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    sockaddr_storage me{};
+    socklen_t len = sizeof me;
+    if (::connect(fd, p->ai_addr, p->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0)
+      out = address_text(me);
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+/// The rendezvous host the launcher gave (CCLITE_RDZV_ENDPOINT's host, else
+/// MASTER_ADDR), without brackets; "" when neither is set.
+inline std::string rendezvous_host_from_env() {
+  std::string ep = env::get_string("RDZV_ENDPOINT", {}, false);
+  if (ep.empty()) {
+    const char* m = std::getenv("MASTER_ADDR");
+    ep = m ? m : "";
+    if (ep.size() > 2 && ep.front() == '[' && ep.back() == ']') ep = ep.substr(1, ep.size() - 2);
+    return ep;
+  }
+  if (ep[0] == '[') {
+    auto close = ep.find(']');
+    return close == std::string::npos ? std::string() : ep.substr(1, close - 1);
+  }
+  auto colon = ep.rfind(':');
+  return colon == std::string::npos ? ep : ep.substr(0, colon);
+}
+
 /// Reads CCLITE_SOCKET_IFNAME / NCCL_SOCKET_IFNAME and CCLITE_SOCKET_FAMILY /
 /// NCCL_SOCKET_FAMILY, enumerates the interfaces and selects one.
 inline result<chosen_interface> choose_interface() {
@@ -286,7 +350,12 @@ inline result<chosen_interface> choose_interface() {
   if (!fam) return fam.error();
   auto ifs = list_interfaces();
   if (!ifs) return ifs.error();
-  return select_interface(ifs.value(), spec, source, fam.value());
+  std::string dst, src;
+  if (!spec || !*spec) {
+    dst = rendezvous_host_from_env();
+    src = route_source_to(dst, fam.value());
+  }
+  return select_interface(ifs.value(), spec, source, fam.value(), src, dst);
 }
 
 }  // namespace cclite::tcp

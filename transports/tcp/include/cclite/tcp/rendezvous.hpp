@@ -6,11 +6,19 @@
 //   - otherwise TCP: rank 0 starts a store_server on the endpoint's port, and
 //     every rank, rank 0 included, connects a store_client to host:port.
 //
-// Where rank 0 listens: on the endpoint's address when the host is a loopback
-// name or address (the job is single-node by construction), or resolves to a
-// non-loopback address of this machine (listen only where asked); otherwise on
-// every address. A host name that resolves to 127.0.1.1 (Debian's /etc/hosts)
-// therefore still gets a server the other nodes can reach.
+// Where rank 0 listens (never on every address unless asked):
+//   - the endpoint's address when the host is a loopback name or address (the
+//     job is single-node by construction), or is / resolves to an address of
+//     this machine (listen only where asked);
+//   - otherwise (a name that resolves only to loopback here, like Debian's
+//     127.0.1.1 hostname entry; an address behind NAT; a name that does not
+//     resolve) on the address of the interface the data path picks
+//     (CCLITE_SOCKET_IFNAME rules, ifname.hpp), plus the loopback addresses
+//     the name resolved to, so both local and remote ranks reach it;
+//   - on every address (0.0.0.0 / ::) only with CCLITE_STORE_BIND_ANY=1.
+//
+// Every connection must prove the job token (CCLITE_RDZV_TOKEN, see
+// store_auth.hpp) before the server answers anything.
 //
 // After connecting, ranks compare job ids through the store, so a rank that
 // reached another job's store (a port reused by a concurrent job) fails with a
@@ -21,6 +29,7 @@
 
 #include <asio.hpp>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -30,6 +39,10 @@
 #include <cclite/bootstrap/launch_env.hpp>
 #include <cclite/bootstrap/memory_store.hpp>
 #include <cclite/bootstrap/store.hpp>
+#include <cclite/core/env.hpp>
+#include <cclite/core/log.hpp>
+#include <cclite/tcp/ifname.hpp>
+#include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_client.hpp>
 #include <cclite/tcp/store_server.hpp>
 
@@ -65,29 +78,62 @@ inline bool is_local_address(const asio::ip::address& addr) {
   return !ec;
 }
 
-/// The address rank 0's server binds for endpoint host `host` (see the top).
-inline std::string bind_address_for(const std::string& host) {
+/// Where rank 0's server listens, and why (for the INFO line).
+struct bind_choice {
+  std::vector<std::string> hosts;
+  std::string why;
+};
+
+/// The addresses rank 0's server binds for endpoint host `host` (see the top).
+/// `bind_any`: CCLITE_STORE_BIND_ANY. `iface`: the data path's interface
+/// choice (a parameter so that tests can stand in for the machine).
+/// Errors: bootstrap_error when no address fits (the message names the fixes).
+template <class ChooseInterface>
+result<bind_choice> bind_addresses_for(const std::string& host, bool bind_any, ChooseInterface iface) {
   asio::error_code ec;
   auto literal = asio::ip::make_address(host, ec);
-  if (!ec) {
-    if (literal.is_loopback() || is_local_address(literal)) return host;
-    return literal.is_v6() ? "::" : "0.0.0.0";
-  }
-  asio::io_context io(1);
-  asio::ip::tcp::resolver resolver(io);
-  auto res = resolver.resolve(host, "", ec);
-  if (ec || res.empty()) return "0.0.0.0";
-  bool all_loopback = true, any_v6 = false;
-  for (const auto& e : res) {
-    auto a = e.endpoint().address();
-    any_v6 = any_v6 || a.is_v6();
-    if (!a.is_loopback()) {
-      all_loopback = false;
-      if (is_local_address(a)) return a.to_string();
+  bool is_literal = !ec;
+  if (bind_any)
+    return bind_choice{{is_literal && literal.is_v6() ? "::" : "0.0.0.0"}, "every address (CCLITE_STORE_BIND_ANY=1)"};
+  std::vector<std::string> loopbacks;  // what `host` resolves to here, if loopback
+  if (is_literal) {
+    if (literal.is_loopback() || is_local_address(literal)) return bind_choice{{host}, "the endpoint's address"};
+  } else {
+    asio::io_context io(1);
+    asio::ip::tcp::resolver resolver(io);
+    auto res = resolver.resolve(host, "", ec);
+    if (!ec) {
+      for (const auto& e : res) {
+        auto a = e.endpoint().address();
+        if (a.is_loopback()) {
+          if (std::find(loopbacks.begin(), loopbacks.end(), a.to_string()) == loopbacks.end())
+            loopbacks.push_back(a.to_string());
+        } else if (is_local_address(a)) {
+          return bind_choice{{a.to_string()}, "the address '" + host + "' resolves to"};
+        }
+      }
+      if (host == "localhost" && !loopbacks.empty())
+        return bind_choice{{loopbacks.front()}, "localhost: a single-node job"};
     }
   }
-  if (all_loopback && host == "localhost") return res.begin()->endpoint().address().to_string();
-  return any_v6 && !res.begin()->endpoint().address().is_v4() ? "::" : "0.0.0.0";
+  result<chosen_interface> ci = iface();
+  if (!ci) {
+    if (!loopbacks.empty())
+      return bind_choice{loopbacks, "the loopback address '" + host + "' resolves to (no interface: " +
+                                        ci.error().message() + ")"};
+    return make_error(errc::bootstrap_error,
+                      "cclite: cannot choose where to host the rendezvous store for endpoint '%s': it is not an "
+                      "address of this machine and %s; set CCLITE_SOCKET_IFNAME, point CCLITE_RDZV_ENDPOINT at "
+                      "this machine, or set CCLITE_STORE_BIND_ANY=1 to listen on every address",
+                      host.c_str(), ci.error().message().c_str());
+  }
+  bind_choice c;
+  c.hosts.push_back(address_text(ci.value().iface.addr));
+  for (const auto& l : loopbacks)
+    if (l != c.hosts.front()) c.hosts.push_back(l);
+  c.why = "'" + host + "' is not an address of this machine here; interface " + ci.value().reason +
+          (loopbacks.size() ? " and the loopback address it resolves to" : "");
+  return c;
 }
 
 }  // namespace detail
@@ -120,13 +166,27 @@ inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, 
     return std::unique_ptr<cclite::store>(std::move(fs.value()));
   }
 
+  const std::string token = rdzv_token_from_env();
   std::unique_ptr<store_server> server;
   if (li.rank == 0) {
-    auto s = store_server::start(detail::bind_address_for(li.rdzv_host), li.rdzv_port);
+    auto any = env::get_bool("STORE_BIND_ANY", false, false);
+    if (!any) return any.error();
+    auto where = detail::bind_addresses_for(li.rdzv_host, any.value(), [] { return choose_interface(); });
+    if (!where) return where.error();
+    server_options so;
+    so.token = token;
+    auto s = store_server::start(where.value().hosts, li.rdzv_port, so);
     if (!s) return s.error();
     server = std::move(s.value());
+    logger lg(li.rank);
+    std::string list;
+    for (const auto& h : where.value().hosts) list += (list.empty() ? "" : ", ") + h;
+    CCLITE_INFO(lg, "rendezvous store listening on %s port %u (%s); job token %s", list.c_str(),
+                unsigned(server->port()), where.value().why.c_str(),
+                token.empty() ? "unset (CCLITE_RDZV_TOKEN empty: any cclite process without a token may join)"
+                              : "set (CCLITE_RDZV_TOKEN)");
   }
-  auto c = store_client::connect(li.rdzv_host, li.rdzv_port, until, op_timeout);
+  auto c = store_client::connect(li.rdzv_host, li.rdzv_port, until, op_timeout, token);
   if (!c) return c.error();
   std::unique_ptr<cclite::store> client = std::move(c.value());
 

@@ -7,6 +7,10 @@
 //   - get / wait: the caller's deadline (the server itself answers "timeout"
 //     when it passes; the client allows a short grace for the reply);
 //   - set / add / check: the op timeout given to connect().
+// Every connection (and reconnection) first answers the server's job-token
+// challenge (store_auth.hpp); a server that refuses the proof makes connect()
+// and every later call fail with errc::bootstrap_error ("store at host:port
+// refused this process: wrong job token (CCLITE_RDZV_TOKEN)").
 // A server that goes away yields errc::peer_lost ("lost connection to the
 // rendezvous store at host:port (rank 0 gone?)"). After any failure in the
 // middle of a round trip the connection is closed (its byte stream can no
@@ -37,6 +41,7 @@
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_protocol.hpp>
 
 namespace cclite::tcp {
@@ -49,16 +54,19 @@ class store_client final : public cclite::store {
   /// Connects to the store server at host:port (a name, an IPv4 address, or an
   /// IPv6 address with or without brackets), retrying refused and failed
   /// connections with backoff until `until`: ranks usually start before rank 0
-  /// has its server up. Sets TCP_NODELAY and checks that the server speaks the
-  /// cclite store protocol.
+  /// has its server up. Sets TCP_NODELAY and proves it knows `token` (the
+  /// job token, see store_auth.hpp; open_store() passes CCLITE_RDZV_TOKEN).
   /// Errors: errc::timeout naming the endpoint and the last error when `until`
-  /// passes; errc::protocol_error when something else listens on the port.
+  /// passes; errc::protocol_error when something else listens on the port;
+  /// errc::bootstrap_error when the server refuses the token (not retried).
   static result<std::unique_ptr<store_client>> connect(const std::string& host, std::uint16_t port,
                                                        deadline until,
-                                                       milliseconds op_timeout = default_store_op_timeout) {
+                                                       milliseconds op_timeout = default_store_op_timeout,
+                                                       std::string token = {}) {
     std::string h = host;
     if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
     std::unique_ptr<store_client> c(new store_client(std::move(h), port, op_timeout));
+    c->token_ = std::move(token);
     status st = c->connect_until(until);
     if (!st.ok()) return st;
     return {std::move(c)};
@@ -236,7 +244,16 @@ class store_client final : public cclite::store {
       if (err == 0) {
         sock_.set_option(asio::ip::tcp::no_delay(true), ec);
         sock_.set_option(asio::socket_base::keep_alive(true), ec);
-        return true;
+        status st = handshake(deadline::min(until, deadline::after(op_timeout_)));
+        if (st.ok()) return true;
+        close();
+        why = st.message();
+        // A refusal or a foreign protocol will not change by retrying.
+        if (st.code() == errc::bootstrap_error || st.code() == errc::protocol_error) {
+          fatal_ = st;
+          return false;
+        }
+        continue;
       }
       why = std::strerror(err);
       close();
@@ -245,27 +262,52 @@ class store_client final : public cclite::store {
     return false;
   }
 
-  // Connects and says hello (a check), retrying until `until`: refused while
-  // rank 0 is still starting, or closed at once by a server at its connection
-  // cap, are both worth retrying.
+  // The job-token handshake on a freshly connected socket (store_protocol.hpp).
+  status handshake(deadline until) {
+    std::uint8_t ch[proto::auth_frame_bytes];
+    CCLITE_TRY(io(false, reinterpret_cast<char*>(ch), sizeof ch, until, "the job-token handshake", nullptr));
+    proto::auth_frame f;
+    if (const char* bad = proto::decode_auth(ch, sizeof ch, proto::auth_kind::challenge, f))
+      return make_error(errc::protocol_error,
+                        "the server at %s does not speak the cclite store protocol (%s); is "
+                        "CCLITE_RDZV_ENDPOINT (or MASTER_ADDR:MASTER_PORT) pointing at another service?",
+                        endpoint_.c_str(), bad);
+    proto::auth_frame proof;
+    proof.kind = proto::auth_kind::proof;
+    proof.payload = proto::auth_proof(token_, f.payload);
+    auto pb = proto::encode(proof);
+    CCLITE_TRY(io(true, reinterpret_cast<char*>(pb.data()), pb.size(), until, "the job-token handshake", nullptr));
+    std::uint8_t rb[proto::reply_header_bytes];
+    CCLITE_TRY(io(false, reinterpret_cast<char*>(rb), sizeof rb, until, "the job-token handshake", nullptr));
+    proto::reply_header rh;
+    const char* bad = proto::decode(rb, rh);
+    if (!bad && rh.status == proto::reply_status::refused) {
+      std::string reason(rh.value_len, '\0');
+      if (rh.value_len)
+        CCLITE_TRY(io(false, &reason[0], reason.size(), until, "the job-token handshake", nullptr));
+      return make_error(errc::bootstrap_error,
+                        "store at %s refused this process: %s (CCLITE_RDZV_TOKEN); every rank of a job must "
+                        "have the same token (cclite-run derives it from --rdzv-id); is this rank in another "
+                        "job, or started by hand without the job's token?",
+                        endpoint_.c_str(), proto::printable(reason, 200).c_str());
+    }
+    if (!bad && (rh.status != proto::reply_status::ok || rh.value_len != 0)) bad = "unexpected handshake reply";
+    if (bad)
+      return make_error(errc::protocol_error, "bad handshake reply from the rendezvous store at %s: %s",
+                        endpoint_.c_str(), bad);
+    return {};
+  }
+
+  // Connects and completes the handshake, retrying until `until`: refused
+  // while rank 0 is still starting, or closed at once by a server at its
+  // connection cap, are both worth retrying; a wrong token is not.
   status connect_until(deadline until) {
     auto t0 = clock::now();
     milliseconds backoff(10);
     std::string why;
     for (;;) {
-      if (connect_once(until, why)) {
-        proto::reply_header rh;
-        std::string rv;
-        deadline d = deadline::min(until, deadline::after(op_timeout_));
-        status st = exchange(proto::op::check, "cclite/store/hello", {}, 0, d, rh, rv);
-        if (st.ok()) return st;
-        if (st.code() == errc::protocol_error)
-          return make_error(errc::protocol_error,
-                            "the server at %s does not speak the cclite store protocol; is "
-                            "CCLITE_RDZV_ENDPOINT (or MASTER_ADDR:MASTER_PORT) pointing at another service?",
-                            endpoint_.c_str());
-        why = st.message();
-      }
+      if (connect_once(until, why)) return {};
+      if (!fatal_.ok()) return fatal_;
       if (until.expired())
         return make_error(
             errc::timeout,
@@ -285,10 +327,12 @@ class store_client final : public cclite::store {
     for (int attempt = 0;; ++attempt) {
       if (!sock_.is_open()) {
         std::string why;
-        if (!connect_once(deadline::min(until, deadline::after(op_timeout_)), why))
+        if (!connect_once(deadline::min(until, deadline::after(op_timeout_)), why)) {
+          if (!fatal_.ok()) return fatal_;
           return make_error(errc::peer_lost,
                             "lost connection to the rendezvous store at %s (rank 0 gone?): %s",
                             endpoint_.c_str(), why.c_str());
+        }
       }
       status st = exchange(o, key, value, wait_ms, until, rh, rv);
       if (st.ok() || st.code() != errc::peer_lost || !idempotent || attempt > 0) return st;
@@ -305,22 +349,25 @@ class store_client final : public cclite::store {
     auto hb = proto::encode(h);
     std::string head(reinterpret_cast<const char*>(hb.data()), hb.size());
     head += key;
-    CCLITE_TRY(io(true, &head[0], head.size(), until, o, key));
-    if (!value.empty()) CCLITE_TRY(io(true, const_cast<char*>(value.data()), value.size(), until, o, key));
+    const char* on = proto::to_string(o);
+    CCLITE_TRY(io(true, &head[0], head.size(), until, on, &key));
+    if (!value.empty()) CCLITE_TRY(io(true, const_cast<char*>(value.data()), value.size(), until, on, &key));
     std::uint8_t rb[proto::reply_header_bytes];
-    CCLITE_TRY(io(false, reinterpret_cast<char*>(rb), sizeof rb, until, o, key));
+    CCLITE_TRY(io(false, reinterpret_cast<char*>(rb), sizeof rb, until, on, &key));
     if (const char* bad = proto::decode(rb, rh)) {
       close();
       return make_error(errc::protocol_error, "bad reply from the rendezvous store at %s: %s",
                         endpoint_.c_str(), bad);
     }
     rv.assign(rh.value_len, '\0');
-    if (rh.value_len) CCLITE_TRY(io(false, &rv[0], rv.size(), until, o, key));
+    if (rh.value_len) CCLITE_TRY(io(false, &rv[0], rv.size(), until, on, &key));
     return {};
   }
 
-  // Moves all `n` bytes or fails; any failure closes the connection.
-  status io(bool write, char* p, std::size_t n, deadline until, proto::op o, const std::string& key) {
+  // Moves all `n` bytes or fails; any failure closes the connection. `what`
+  // and `key` (nullptr: none) only feed the messages.
+  status io(bool write, char* p, std::size_t n, deadline until, const char* what, const std::string* key) {
+    auto during = [&] { return key ? std::string(what) + " of key '" + proto::printable(*key) + "'" : std::string(what); };
     while (n > 0) {
       asio::error_code ec;
       std::size_t k =
@@ -335,16 +382,14 @@ class store_client final : public cclite::store {
         close();
         return make_error(
             errc::peer_lost,
-            "lost connection to the rendezvous store at %s (rank 0 gone?) during %s of key '%s': %s",
-            endpoint_.c_str(), proto::to_string(o), proto::printable(key).c_str(),
-            ec == asio::error::eof ? "connection closed" : ec.message().c_str());
+            "lost connection to the rendezvous store at %s (rank 0 gone?) during %s: %s", endpoint_.c_str(),
+            during().c_str(), ec == asio::error::eof ? "connection closed" : ec.message().c_str());
       }
       if (until.expired()) {
         close();
         return make_error(errc::timeout,
-                          "the rendezvous store at %s did not answer %s of key '%s' in time; is rank 0 stuck "
-                          "or overloaded?",
-                          endpoint_.c_str(), proto::to_string(o), proto::printable(key).c_str());
+                          "the rendezvous store at %s did not answer %s in time; is rank 0 stuck or overloaded?",
+                          endpoint_.c_str(), during().c_str());
       }
       pollfd pfd{sock_.native_handle(), static_cast<short>(write ? POLLOUT : POLLIN), 0};
       (void)::poll(&pfd, 1, static_cast<int>(until.remaining(milliseconds(1000)).count()));
@@ -358,6 +403,8 @@ class store_client final : public cclite::store {
   std::uint16_t port_;
   std::string endpoint_;
   milliseconds op_timeout_;
+  std::string token_;
+  status fatal_;  // a refusal that makes retrying pointless; sticky
 };
 
 }  // namespace cclite::tcp

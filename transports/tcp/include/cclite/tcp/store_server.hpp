@@ -7,9 +7,14 @@
 // client never holds up the others.
 //
 // Robustness (the port is reachable by anything on the network):
+//   - a connection must first prove it knows the job token
+//     (server_options::token; handshake in store_protocol.hpp and
+//     store_auth.hpp); one that fails gets a "refused" reply, is closed and
+//     logged at WARN ("... tcp store: refused client 1.2.3.4:5555: wrong job
+//     token ..."); the job goes on;
 //   - every header is validated before its body is read; a malformed or
-//     truncated frame drops only that connection, with one stderr line
-//     ("cclite tcp store: dropped client 1.2.3.4:5555: bad magic");
+//     truncated frame drops only that connection, with one WARN line
+//     ("... tcp store: dropped client 1.2.3.4:5555: bad magic");
 //   - a body buffer grows with the bytes actually received, never past the
 //     validated length, so a header that announces 64 MiB costs nothing;
 //   - a connection that stalls mid-frame, or sends no valid request at all,
@@ -38,16 +43,23 @@
 
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
+#include <cclite/core/log.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_protocol.hpp>
 
 namespace cclite::tcp {
 
 /// Limits of a store_server. The defaults suit a job of up to ~16k ranks.
 struct server_options {
+  /// The job token a client must prove it knows (see store_auth.hpp);
+  /// rendezvous passes CCLITE_RDZV_TOKEN. Empty = the empty token: the
+  /// handshake still runs, and only clients without a token get in.
+  std::string token;
   /// A connection that makes no progress this long in the middle of a frame
-  /// (or while its reply is being written), or that sends no valid request
-  /// this long after connecting, is dropped.
+  /// (or while its reply is being written), or that does not complete the
+  /// token handshake / send a valid request this long after connecting, is
+  /// dropped.
   std::chrono::milliseconds idle_timeout{60000};
   /// Idle limit between requests for a client that already sent a valid
   /// request; 0 = none, because ranks keep their connection for the whole job
@@ -56,8 +68,10 @@ struct server_options {
   /// Connections beyond this are accepted and closed at once.
   std::size_t max_connections = 16384;
   /// Total key + value bytes held; a set past it gets an error reply.
-  std::size_t max_total_bytes = std::size_t(4) << 30;
-  /// Write a line to stderr for each dropped or refused client.
+  // 4 GiB, or 1 GiB where size_t is 32 bits (4 << 30 would wrap to 0 and refuse every key).
+  std::size_t max_total_bytes = sizeof(std::size_t) >= 8 ? std::size_t(4) << 30 : std::size_t(1) << 30;
+  /// Log a WARN line (cclite's logger: CCLITE_DEBUG, CCLITE_DEBUG_FILE) for
+  /// each dropped or refused client; at most 20 a second.
   bool log = true;
 };
 
@@ -67,12 +81,20 @@ class store_server {
  public:
   /// Listens on bind_host:port ("" or "0.0.0.0" = every IPv4 address, "::" =
   /// every address; port 0 = an ephemeral port, see port()) with SO_REUSEADDR
-  /// and starts serving on a background thread.
+  /// and starts serving on a background thread. open_store() (rendezvous.hpp)
+  /// picks one address, never "every address" unless CCLITE_STORE_BIND_ANY=1.
   /// Errors: errc::bootstrap_error when the host does not resolve or the port
   /// cannot be bound (the message says which and how to pick another port);
   /// errc::unsupported under CCLITE_NO_THREADS.
   static result<std::unique_ptr<store_server>> start(const std::string& bind_host, std::uint16_t port,
-                                                     server_options opts = {});
+                                                     server_options opts = {}) {
+    return start(std::vector<std::string>{bind_host}, port, std::move(opts));
+  }
+  /// The same on several addresses at once (for a host name that resolves to
+  /// 127.0.1.1 here and to the NIC's address on the other nodes); the first
+  /// picks the port (0 = ephemeral) and the others bind the same one.
+  static result<std::unique_ptr<store_server>> start(const std::vector<std::string>& bind_hosts,
+                                                     std::uint16_t port, server_options opts = {});
   ~store_server();
   store_server(const store_server&) = delete;
   store_server& operator=(const store_server&) = delete;
@@ -87,13 +109,20 @@ class store_server {
   std::uint64_t dropped() const noexcept { return n_dropped_.load(); }
   /// Connections refused because max_connections were open, so far.
   std::uint64_t refused() const noexcept { return n_refused_.load(); }
+  /// Connections that failed the job-token proof, so far.
+  std::uint64_t auth_failures() const noexcept { return n_auth_failed_.load(); }
 
  private:
   class session;
   using value_ptr = std::shared_ptr<const std::string>;
 
   explicit store_server(server_options o) : opts_(o) {}
-  void accept_next();
+  struct listener {
+    explicit listener(asio::io_context& io) : acceptor(io), retry(io) {}
+    asio::ip::tcp::acceptor acceptor;
+    asio::steady_timer retry;
+  };
+  void accept_next(listener& l);
   void shutdown_all();
   void wake(const std::string& key);
   void remove_waiter(const std::string& key, const session* s);
@@ -106,8 +135,7 @@ class store_server {
   // Declared first so that it is destroyed last: sockets and timers below
   // belong to it.
   asio::io_context io_{1};
-  asio::ip::tcp::acceptor acceptor_{io_};
-  asio::steady_timer accept_retry_{io_};
+  std::vector<std::unique_ptr<listener>> listeners_;
   server_options opts_;
   std::thread thread_;
   std::uint16_t port_ = 0;
@@ -127,6 +155,8 @@ class store_server {
   std::atomic<std::size_t> n_conn_{0};
   std::atomic<std::uint64_t> n_dropped_{0};
   std::atomic<std::uint64_t> n_refused_{0};
+  std::atomic<std::uint64_t> n_auth_failed_{0};
+  logger logger_{0};  // the server runs in rank 0
 };
 
 }  // namespace cclite::tcp

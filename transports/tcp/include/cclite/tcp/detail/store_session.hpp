@@ -21,7 +21,50 @@ class store_server::session : public std::enable_shared_from_this<session> {
         peer_(std::move(peer)),
         id_(id) {}
 
-  void start() { read_header(); }
+  /// Sends the challenge and waits for the proof (store_protocol.hpp); only a
+  /// connection that passes reads requests. The whole handshake must finish
+  /// within idle_timeout, so a silent or trickling stranger is dropped.
+  void start() {
+    phase_ = phase::handshake;
+    proto::auth_frame ch;
+    if (status st = proto::make_nonce(ch.payload); !st.ok()) {
+      srv_.log("%s", st.message().c_str());
+      return close(nullptr);
+    }
+    nonce_ = ch.payload;
+    auth_out_ = proto::encode(ch);
+    arm_idle(srv_.opts_.idle_timeout);
+    auto self = shared_from_this();
+    asio::async_write(sock_, asio::buffer(auth_out_), [this, self](const asio::error_code& ec, std::size_t) {
+      if (closed_) return;
+      if (ec) return close(nullptr);  // gone before it read the challenge
+      challenge_sent_ = true;
+      if (proof_in_) check_proof();
+    });
+    asio::async_read(sock_, asio::buffer(auth_in_), [this, self](const asio::error_code& ec, std::size_t n) {
+      if (closed_) return;
+      if (ec) {
+        // Connect-and-leave (a port probe, an idle client going away): not worth a line.
+        if (n == 0 && (ec == asio::error::eof || ec == asio::error::connection_reset)) return close(nullptr);
+        char why[160];
+        std::snprintf(why, sizeof why, "truncated handshake (%s after %zu of %zu bytes)",
+                      ec == asio::error::eof ? "closed" : ec.message().c_str(), n, auth_in_.size());
+        return close(why);
+      }
+      proto::auth_frame proof;
+      if (const char* bad = proto::decode_auth(auth_in_.data(), auth_in_.size(), proto::auth_kind::proof, proof)) {
+        char why[200];
+        std::snprintf(why, sizeof why, "not a cclite store client (%s; first bytes %02x %02x %02x %02x)", bad,
+                      auth_in_[0], auth_in_[1], auth_in_[2], auth_in_[3]);
+        return close(why);
+      }
+      proof_ = proof.payload;
+      proof_in_ = true;
+      // Only one write at a time on the socket: a (necessarily bogus) proof
+      // that beats the challenge out waits for it.
+      if (challenge_sent_) check_proof();
+    });
+  }
 
   /// Closes the connection. `why` != nullptr: a protocol violation or timeout,
   /// logged as "dropped client <peer>: <why>".
@@ -57,7 +100,25 @@ class store_server::session : public std::enable_shared_from_this<session> {
   }
 
  private:
-  enum class phase { between_frames, mid_frame, waiting, writing };
+  enum class phase { handshake, between_frames, mid_frame, waiting, writing };
+
+  void check_proof() {
+    proof_in_ = false;
+    if (!proto::auth_ok(srv_.opts_.token, nonce_, proof_)) return refuse();
+    reply(proto::reply_status::ok, {});  // then read_header()
+  }
+
+  // Wrong token: tell the client why (so it can fail with a clear message
+  // instead of retrying), then close once the reply is out.
+  void refuse() {
+    srv_.n_auth_failed_.fetch_add(1);
+    srv_.n_dropped_.fetch_add(1);
+    srv_.log("refused client %s: wrong job token (its proof does not match this store's CCLITE_RDZV_TOKEN; "
+             "another job, or a rank started without the job's token?)",
+             peer_.c_str());
+    refusing_ = true;
+    reply_error(proto::wrong_token_reason, proto::reply_status::refused);
+  }
 
   void read_header() {
     phase_ = phase::between_frames;
@@ -207,9 +268,9 @@ class store_server::session : public std::enable_shared_from_this<session> {
     reply(proto::reply_status::ok, {});
   }
 
-  void reply_error(std::string msg) {
+  void reply_error(std::string msg, proto::reply_status st = proto::reply_status::error) {
     if (msg.size() > proto::max_error_bytes) msg.resize(proto::max_error_bytes);
-    reply(proto::reply_status::error, std::make_shared<const std::string>(std::move(msg)));
+    reply(st, std::make_shared<const std::string>(std::move(msg)));
   }
 
   void reply(proto::reply_status st, value_ptr value) {
@@ -226,7 +287,7 @@ class store_server::session : public std::enable_shared_from_this<session> {
     asio::async_write(sock_, bufs, [this, self](const asio::error_code& ec, std::size_t) {
       if (closed_) return;
       reply_value_.reset();
-      if (ec) return close(nullptr);  // the client went away; nothing to report
+      if (ec || refusing_) return close(nullptr);  // went away, or refused (already logged)
       read_header();
     });
   }
@@ -243,7 +304,9 @@ class store_server::session : public std::enable_shared_from_this<session> {
       if (closed_ || gen != idle_gen_) return;
       char why[160];
       long long ms = static_cast<long long>(d.count());
-      if (phase_ == phase::writing)
+      if (phase_ == phase::handshake)
+        std::snprintf(why, sizeof why, "did not complete the job-token handshake within %lld ms", ms);
+      else if (phase_ == phase::writing)
         std::snprintf(why, sizeof why, "did not read its reply for %lld ms", ms);
       else if (phase_ == phase::mid_frame)
         std::snprintf(why, sizeof why, "stalled for %lld ms mid-frame (%zu of %zu bytes)", ms,
@@ -281,7 +344,11 @@ class store_server::session : public std::enable_shared_from_this<session> {
   std::string peer_;
   std::uint64_t id_;
   phase phase_ = phase::between_frames;
-  bool closed_ = false, established_ = false, waiting_ = false;
+  bool closed_ = false, established_ = false, waiting_ = false, refusing_ = false;
+  bool challenge_sent_ = false, proof_in_ = false;
+  std::array<std::uint8_t, proto::nonce_bytes> nonce_{}, proof_{};
+  std::array<std::uint8_t, proto::auth_frame_bytes> auth_out_{};
+  std::array<std::uint8_t, proto::auth_frame_bytes> auth_in_{};
   std::uint64_t idle_gen_ = 0, wait_gen_ = 0;
   std::array<std::uint8_t, proto::request_header_bytes> hdr_{};
   std::size_t hdr_got_ = 0;
@@ -297,50 +364,56 @@ class store_server::session : public std::enable_shared_from_this<session> {
 
 // ---- store_server ------------------------------------------------------------
 
-inline result<std::unique_ptr<store_server>> store_server::start(const std::string& bind_host,
+inline result<std::unique_ptr<store_server>> store_server::start(const std::vector<std::string>& bind_hosts,
                                                                  std::uint16_t port, server_options opts) {
 #if defined(CCLITE_NO_THREADS)
-  (void)bind_host, (void)port, (void)opts;
+  (void)bind_hosts, (void)port, (void)opts;
   return make_error(errc::unsupported, "the TCP store server needs a thread; built with CCLITE_NO_THREADS");
 #else
-  std::unique_ptr<store_server> s(new store_server(opts));
-  std::string host = bind_host;
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  auto fail = [&](const std::string& why) {
-    return make_error(errc::bootstrap_error,
-                      "cannot listen on %s:%u: %s; is another job using that port? set "
-                      "CCLITE_RDZV_ENDPOINT / MASTER_PORT to a free port",
-                      bind_host.empty() ? "0.0.0.0" : bind_host.c_str(), unsigned(port), why.c_str());
-  };
-  asio::error_code ec;
-  asio::ip::address addr;
-  if (host.empty() || host == "*") {
-    addr = asio::ip::address_v4::any();
-  } else {
-    addr = asio::ip::make_address(host, ec);
-    if (ec) {
-      asio::ip::tcp::resolver r(s->io_);
-      auto res = r.resolve(host, "", ec);
-      if (ec || res.empty()) return fail("cannot resolve the host: " + ec.message());
-      addr = res.begin()->endpoint().address();
+  std::unique_ptr<store_server> s(new store_server(std::move(opts)));
+  std::vector<std::string> hosts = bind_hosts.empty() ? std::vector<std::string>{""} : bind_hosts;
+  for (const std::string& bind_host : hosts) {
+    std::string host = bind_host;
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    auto fail = [&](const std::string& why) {
+      return make_error(errc::bootstrap_error,
+                        "cannot listen on %s:%u: %s; is another job using that port? set "
+                        "CCLITE_RDZV_ENDPOINT / MASTER_PORT to a free port",
+                        bind_host.empty() ? "0.0.0.0" : bind_host.c_str(), unsigned(port), why.c_str());
+    };
+    asio::error_code ec;
+    asio::ip::address addr;
+    if (host.empty() || host == "*") {
+      addr = asio::ip::address_v4::any();
+    } else {
+      addr = asio::ip::make_address(host, ec);
+      if (ec) {
+        asio::ip::tcp::resolver r(s->io_);
+        auto res = r.resolve(host, "", ec);
+        if (ec || res.empty()) return fail("cannot resolve the host: " + ec.message());
+        addr = res.begin()->endpoint().address();
+      }
+    }
+    asio::ip::tcp::endpoint ep(addr, port);
+    s->listeners_.push_back(std::make_unique<listener>(s->io_));
+    auto& acc = s->listeners_.back()->acceptor;
+    acc.open(ep.protocol(), ec);
+    if (ec) return fail(ec.message());
+    acc.set_option(asio::socket_base::reuse_address(true), ec);
+    if (addr.is_v6() && addr.is_unspecified()) acc.set_option(asio::ip::v6_only(false), ec);
+    acc.bind(ep, ec);
+    if (ec) return fail(ec.message());
+    acc.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return fail(ec.message());
+    auto local = acc.local_endpoint(ec);
+    if (ec) return fail(ec.message());
+    port = local.port();  // the next addresses share it
+    if (s->address_.empty()) {
+      s->port_ = port;
+      s->address_ = (addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string()) + ":" + std::to_string(port);
     }
   }
-  asio::ip::tcp::endpoint ep(addr, port);
-  auto& acc = s->acceptor_;
-  acc.open(ep.protocol(), ec);
-  if (ec) return fail(ec.message());
-  acc.set_option(asio::socket_base::reuse_address(true), ec);
-  if (addr.is_v6() && addr.is_unspecified()) acc.set_option(asio::ip::v6_only(false), ec);
-  acc.bind(ep, ec);
-  if (ec) return fail(ec.message());
-  acc.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return fail(ec.message());
-  auto local = acc.local_endpoint(ec);
-  if (ec) return fail(ec.message());
-  s->port_ = local.port();
-  s->address_ =
-      (addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string()) + ":" + std::to_string(s->port_);
-  s->accept_next();
+  for (auto& l : s->listeners_) s->accept_next(*l);
   store_server* raw = s.get();
   s->thread_ = std::thread([raw] { raw->io_.run(); });
   return {std::move(s)};
@@ -359,24 +432,26 @@ inline store_server::~store_server() {
 inline void store_server::shutdown_all() {
   stopping_ = true;
   asio::error_code ec;
-  acceptor_.close(ec);
-  accept_retry_.cancel();
+  for (auto& l : listeners_) {
+    l->acceptor.close(ec);
+    l->retry.cancel();
+  }
   for (auto& kv : sessions_) kv.second->close(nullptr);
   sessions_.clear();
   waiters_.clear();
   n_conn_.store(0);
 }
 
-inline void store_server::accept_next() {
-  acceptor_.async_accept([this](const asio::error_code& ec, asio::ip::tcp::socket sock) {
+inline void store_server::accept_next(listener& l) {
+  l.acceptor.async_accept([this, &l](const asio::error_code& ec, asio::ip::tcp::socket sock) {
     if (stopping_) return;
     if (ec) {
       // EMFILE and friends: back off instead of spinning; pending connections
       // wait in the listen backlog.
       if (ec != asio::error::operation_aborted) log("accept failed: %s", ec.message().c_str());
-      accept_retry_.expires_after(std::chrono::milliseconds(100));
-      accept_retry_.async_wait([this](const asio::error_code& e) {
-        if (!e && !stopping_) accept_next();
+      l.retry.expires_after(std::chrono::milliseconds(100));
+      l.retry.async_wait([this, &l](const asio::error_code& e) {
+        if (!e && !stopping_) accept_next(l);
       });
       return;
     }
@@ -400,7 +475,7 @@ inline void store_server::accept_next() {
       n_conn_.store(sessions_.size());
       s->start();
     }
-    accept_next();
+    accept_next(l);
   });
 }
 
@@ -426,8 +501,8 @@ inline void store_server::log(const char* fmt, ...) {
   auto now = clock::now();
   if (now - log_window_ >= std::chrono::seconds(1)) {
     if (log_suppressed_)
-      std::fprintf(stderr, "cclite tcp store: (%llu similar lines suppressed)\n",
-                   static_cast<unsigned long long>(log_suppressed_));
+      logger_.log(log_level::warn, "tcp store %s: (%llu similar lines suppressed)", address_.c_str(),
+                  static_cast<unsigned long long>(log_suppressed_));
     log_window_ = now;
     log_lines_ = 0;
     log_suppressed_ = 0;
@@ -441,7 +516,7 @@ inline void store_server::log(const char* fmt, ...) {
   va_start(ap, fmt);
   std::vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
-  std::fprintf(stderr, "cclite tcp store: %s\n", buf);
+  logger_.log(log_level::warn, "tcp store %s: %s", address_.c_str(), buf);
 }
 
 }  // namespace cclite::tcp

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# bench/footprint.sh - what cclite costs a program: compile time, binary size,
+# resident memory. Prints one table (the figures of README "Footprint").
+#
+#   bench/footprint.sh [CXX]          (default g++; run from anywhere)
+#
+#  1. compile time of samples/hello_allreduce.cpp (includes the umbrella header
+#     cclite/cclite.hpp, shm + tcp) at -O2, and of samples/edge_sensor_average.cpp
+#     (communicator<tcp> only): wall and user seconds, best of 2
+#  2. stripped size of hello_allreduce linked with -static-libstdc++ -static-libgcc
+#     and dynamically, and of edge_sensor_average (-O2, -s)
+#  3. resident memory of each rank of a 2-rank job at rest (after set-up and
+#     one 4-byte allreduce): VmRSS and Pss (/proc/self/status, smaps_rollup;
+#     Pss splits shared pages, e.g. the shm FIFOs, between the ranks), with the
+#     default buffers over shm and over tcp, and with the smallest ones
+#     (CCLITE_SHM_BUFFSIZE=64K, CCLITE_TCP_BUFFSIZE=16K, CCLITE_NSOCKS=1,
+#     CCLITE_CHUNKSIZE=4K, CCLITE_TCP_BLOCK=4K)
+#
+# Everything is built in a temporary directory; nothing in build/ is touched.
+# Takes about a minute (three -O2 compiles of the umbrella header).
+set -euo pipefail
+CXX=${1:-g++}
+root=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d /tmp/cclite-footprint-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+inc=(-I"$root/include" -I"$root/transports/shm/include" -I"$root/transports/tcp/include")
+defs=(-DCCLITE_HAS_SHM=1 -DCCLITE_HAS_TCP=1 -DASIO_STANDALONE -DASIO_NO_DEPRECATED)
+tcp_defs=(-DCCLITE_HAS_TCP=1 -DASIO_STANDALONE -DASIO_NO_DEPRECATED)
+
+# best-of-2 "wall user" seconds of a command
+timed() {
+  local best_w="" best_u=""
+  for _ in 1 2; do
+    /usr/bin/time -o "$tmp/time" -f "%e %U" "$@" >/dev/null
+    local t w u
+    t=$(tail -1 "$tmp/time")
+    w=${t% *} u=${t#* }
+    if [[ -z $best_w ]] || awk "BEGIN{exit !($w < $best_w)}"; then best_w=$w; best_u=$u; fi
+  done
+  echo "$best_w $best_u"
+}
+
+# 1. compile time -------------------------------------------------------------------
+read -r hw hu < <(timed "$CXX" -std=c++17 -O2 "${defs[@]}" "${inc[@]}" -c "$root/samples/hello_allreduce.cpp" -o "$tmp/hello.o")
+read -r ew eu < <(timed "$CXX" -std=c++17 -O2 "${tcp_defs[@]}" -I"$root/include" -I"$root/transports/tcp/include" \
+  -c "$root/samples/edge_sensor_average.cpp" -o "$tmp/edge.o")
+
+# 2. sizes ----------------------------------------------------------------------------
+"$CXX" "$tmp/hello.o" -o "$tmp/hello_static" -s -static-libstdc++ -static-libgcc -pthread
+"$CXX" "$tmp/hello.o" -o "$tmp/hello_dyn" -s -pthread
+"$CXX" "$tmp/edge.o" -o "$tmp/edge_static" -s -static-libstdc++ -static-libgcc -pthread
+"$CXX" "$tmp/edge.o" -o "$tmp/edge_dyn" -s -pthread
+kib() { echo $(( ($(stat -c %s "$1") + 1023) / 1024 )); }
+
+# 3. memory at rest ---------------------------------------------------------------------
+cat > "$tmp/rest.cpp" <<'EOF'
+// One allreduce, then each rank reports its own VmRSS and Pss in KiB.
+#include <cclite/cclite.hpp>
+#include <cstdio>
+#include <cstring>
+static long field(const char* file, const char* key) {
+  std::FILE* f = std::fopen(file, "r");
+  if (!f) return -1;
+  char line[256];
+  long v = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::strncmp(line, key, std::strlen(key)) == 0) v = std::atol(line + std::strlen(key));
+  std::fclose(f);
+  return v;
+}
+int main() {
+  auto comm = cclite::init();
+  if (!comm) { std::fprintf(stderr, "%s\n", comm.error().to_string().c_str()); return 1; }
+  float x = 1;
+  if (!comm.value()->allreduce(&x, 1).ok()) return 1;
+  long rss = field("/proc/self/status", "VmRSS:"), pss = field("/proc/self/smaps_rollup", "Pss:");
+  if (!comm.value()->barrier().ok()) return 1;  // both ranks measured with everything still mapped
+  std::printf("%d %ld %ld\n", comm.value()->rank(), rss, pss);
+  return comm.value()->barrier().ok() ? 0 : 1;
+}
+EOF
+"$CXX" -std=c++17 -O2 "${defs[@]}" "${inc[@]}" "$tmp/rest.cpp" -o "$tmp/rest" -pthread
+
+port=$((20000 + RANDOM % 20000))
+# prints "rss0/pss0 rss1/pss1" (KiB) for one 2-rank run with extra env "$@"
+rest() {
+  port=$((port + 1))
+  local out
+  out=$( (env "$@" RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CCLITE_TIMEOUT=60 "$tmp/rest" &
+          env "$@" RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CCLITE_TIMEOUT=60 "$tmp/rest"; wait) | sort)
+  echo "$out" | awk '{printf "%s/%s ", $2, $3}'
+}
+small=(CCLITE_SHM_BUFFSIZE=65536 CCLITE_TCP_BUFFSIZE=16384 CCLITE_NSOCKS=1 CCLITE_CHUNKSIZE=4096 CCLITE_TCP_BLOCK=4096)
+m_shm=$(rest CCLITE_DEBUG=WARN)
+m_tcp=$(rest CCLITE_SHM_DISABLE=1)
+m_shm_small=$(rest "${small[@]}")
+m_tcp_small=$(rest CCLITE_SHM_DISABLE=1 "${small[@]}")
+
+echo "cclite footprint ($("$CXX" --version | head -1); $(nproc) cores; load $(cut -d' ' -f1 /proc/loadavg))"
+printf '%-58s %s\n' "what" "figure"
+printf '%-58s %s s wall, %s s user\n' "compile hello_allreduce.cpp (umbrella, shm+tcp), -O2" "$hw" "$hu"
+printf '%-58s %s s wall, %s s user\n' "compile edge_sensor_average.cpp (tcp only), -O2" "$ew" "$eu"
+printf '%-58s %s KiB\n' "hello_allreduce stripped, -static-libstdc++" "$(kib "$tmp/hello_static")"
+printf '%-58s %s KiB\n' "hello_allreduce stripped, dynamic" "$(kib "$tmp/hello_dyn")"
+printf '%-58s %s KiB\n' "edge_sensor_average stripped, -static-libstdc++" "$(kib "$tmp/edge_static")"
+printf '%-58s %s KiB\n' "edge_sensor_average stripped, dynamic" "$(kib "$tmp/edge_dyn")"
+printf '%-58s %s\n' "2 ranks at rest, VmRSS/Pss KiB (rank 0, rank 1):" ""
+printf '%-58s %s\n' "  shm, default buffers (4M FIFOs)" "$m_shm"
+printf '%-58s %s\n' "  tcp, default buffers (4M rings, 2 sockets)" "$m_tcp"
+printf '%-58s %s\n' "  shm, smallest buffers" "$m_shm_small"
+printf '%-58s %s\n' "  tcp, smallest buffers" "$m_tcp_small"

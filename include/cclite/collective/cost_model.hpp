@@ -1,0 +1,143 @@
+// cclite/collective/cost_model.hpp - alpha-beta-gamma costs of each algorithm.
+//
+// The textbook model (Thakur, Rabenseifner, Gropp 2005; NCCL's tuning model):
+// a message of b bytes over a link costs alpha + b * beta, reducing b bytes
+// costs b * gamma (charged where an algorithm reduces out of a scratch copy
+// rather than inside the streaming copy, as the ring does). Each algorithm is a count of latency steps and of bytes on
+// the busiest link; the selector (select.hpp) takes the cheapest. Figures are
+// per link kind (shm, tcp); a collective is charged the slowest kind any of
+// its links uses, agreed by all ranks at init so they choose alike.
+//
+// Defaults were measured on the 2-core development VM with bench/coll_perf
+// (see docs/performance.md); CCLITE_COST_<KIND>="alpha_us,GBps" replaces
+// them (e.g. CCLITE_COST_TCP="12,10" for a 100 GbE cluster).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+
+#include <cclite/core/env.hpp>
+#include <cclite/core/status.hpp>
+
+namespace cclite {
+
+/// Cost of one link kind: per-message latency and per-byte time, in us.
+struct link_cost {
+  double alpha_us = 1.0;
+  double beta_us_per_byte = 1.0 / 5000.0;  // 5 GB/s
+  static link_cost from(double alpha_us, double gbps) { return {alpha_us, 1.0 / (gbps * 1000.0)}; }
+};
+
+/// What the selector compares: algorithms' estimated times on the slowest link.
+class cost_model {
+ public:
+  /// Reads CCLITE_COST_SHM and CCLITE_COST_TCP ("alpha_us,GBps").
+  status init() {
+    CCLITE_TRY(parse("COST_SHM", shm_));
+    CCLITE_TRY(parse("COST_TCP", tcp_));
+    return {};
+  }
+
+  /// The link kind collectives are charged for: "shm", "tcp" (or any other
+  /// transport name, charged as tcp: the conservative choice).
+  void set_link(const std::string& kind) { link_ = kind == "shm" ? shm_ : tcp_; }
+  const link_cost& link() const noexcept { return link_; }
+  /// Reduction time per byte (us): one streaming pass reading two operands.
+  double gamma() const noexcept { return gamma_; }
+
+  // ---- allreduce, n ranks, `bytes` each, pieces of `chunk` bytes ---------------------
+  double ring_allreduce(int n, double bytes, double chunk) const {
+    const double rounds = std::ceil(bytes / n / chunk);
+    const double frac = double(n - 1) / n;
+    // The reduction is fused into the forward copy (primitives.hpp): no gamma.
+    return (2.0 * (n - 1) + 2.0 * (rounds > 1 ? rounds - 1 : 0)) * link_.alpha_us +
+           2.0 * frac * bytes * link_.beta_us_per_byte;
+  }
+  double rd_allreduce(int n, double bytes) const {
+    const int lg = log2_floor(n);
+    const bool folded = (1 << lg) != n;
+    return (lg + (folded ? 2 : 0)) * (link_.alpha_us + bytes * link_.beta_us_per_byte) +
+           (lg + (folded ? 1 : 0)) * bytes * gamma_;
+  }
+  double rhd_allreduce(int n, double bytes) const {
+    const int lg = log2_floor(n), p = 1 << lg;
+    const bool folded = p != n;
+    const double frac = double(p - 1) / p;
+    return (2.0 * lg + (folded ? 3 : 0)) * link_.alpha_us +
+           (2.0 * frac + (folded ? 2 : 0)) * bytes * link_.beta_us_per_byte +
+           (frac + (folded ? 1 : 0)) * bytes * gamma_;
+  }
+  // Two trees, half the data each; reduce then broadcast, pipelined in chunks.
+  // An inner node receives from two children and sends up, then the reverse.
+  double tree_allreduce(int n, double bytes, double chunk) const {
+    const double rounds = std::ceil(bytes / 2 / chunk);
+    return 2.0 * (log2_ceil(n) + rounds) * 2 * link_.alpha_us + 2.0 * bytes * link_.beta_us_per_byte +
+           bytes * gamma_;
+  }
+
+  // Hierarchical: reduce-scatter and allgather over shm inside each node of
+  // `local` ranks, allreduce of a 1/local shard across `nodes` over the link
+  // charged (every local rank's shard at once, on its own connections).
+  double hier_allreduce(int local, int nodes, double bytes, double chunk) const {
+    const double frac = double(local - 1) / local;
+    const double rounds = std::ceil(bytes / local / chunk);
+    const double intra = 2.0 * ((local - 1) + (rounds > 1 ? rounds - 1 : 0)) * shm_.alpha_us +
+                         2.0 * frac * bytes * shm_.beta_us_per_byte;
+    return intra + ring_allreduce(nodes, bytes / local, chunk);
+  }
+
+  // shm-direct: per piece two synchronisations of all ranks; the bytes are
+  // copied in, reduced once (n-1 operand reads per slice) and copied out.
+  double direct_allreduce(int n, double bytes, double piece) const {
+    const double pieces = std::ceil(bytes / piece);
+    return 2.0 * (pieces > 1 ? pieces : 1) * shm_.alpha_us + (2.0 + 1.0 / n) * bytes * shm_.beta_us_per_byte / 2 +
+           bytes * gamma_ / n;
+  }
+
+  // ---- broadcast / reduce from one root -------------------------------------------
+  double chain_rooted(int n, double bytes, double chunk, bool reduces) const {
+    const double rounds = std::ceil(bytes / chunk);
+    return (n - 1 + rounds - 1) * link_.alpha_us + bytes * link_.beta_us_per_byte + (reduces ? bytes * gamma_ : 0);
+  }
+  double tree_rooted(int n, double bytes, double chunk, bool reduces) const {
+    const double rounds = std::ceil(bytes / chunk);
+    return 2.0 * (log2_ceil(n) + rounds - 1) * link_.alpha_us + 2.0 * bytes * link_.beta_us_per_byte +
+           (reduces ? 2.0 * bytes * gamma_ : 0);
+  }
+
+  static int log2_floor(int n) {
+    int l = 0;
+    while ((2 << l) <= n) ++l;
+    return l;
+  }
+  static int log2_ceil(int n) {
+    int l = 0;
+    while ((1 << l) < n) ++l;
+    return l;
+  }
+
+ private:
+  static status parse(const char* name, link_cost& out) {
+    const std::string v = env::get_string(name, "", false);
+    if (v.empty()) return {};
+    char* end = nullptr;
+    const double a = std::strtod(v.c_str(), &end);
+    double g = 0;
+    if (end && *end == ',') g = std::strtod(end + 1, &end);
+    if (!end || *end != '\0' || !(a >= 0) || !(g > 0)) {
+      return make_error(errc::invalid_argument,
+                        "CCLITE_%s='%s': expected \"alpha_us,GBps\", e.g. \"25,1.5\"", name, v.c_str());
+    }
+    out = link_cost::from(a, g);
+    return {};
+  }
+
+  link_cost shm_ = link_cost::from(1.0, 5.0);
+  link_cost tcp_ = link_cost::from(30.0, 1.6);
+  link_cost link_ = shm_;
+  double gamma_ = 1.0 / 8000.0;  // 8 GB/s: a two-operand reduction pass on one core
+};
+
+}  // namespace cclite

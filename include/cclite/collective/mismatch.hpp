@@ -1,0 +1,266 @@
+// cclite/collective/mismatch.hpp - the call header that catches mismatched collectives.
+//
+// Every collective sends a 32-byte header (kind, dtype, op, root, count, a
+// per-communicator collective number; little-endian) to its ring successor
+// when it starts, and ahead of its first byte on any other link it sends on;
+// it checks the header of each peer before the first byte it consumes from
+// that peer, and its ring predecessor's header before it returns. So every
+// rank checks its ring predecessor: if any two ranks disagree, some adjacent
+// pair does and at least one rank sees it. That rank returns errc::mismatch
+// naming both sides and the communicator spreads it to the others
+// (comm_core::spread_failure). Data from a peer that called something else is
+// never interpreted, so nothing is silently wrong.
+//
+// Cost: 32 bytes per link and collective, no extra round trip (the header
+// travels ahead of the data in the same stream), but a collective returns
+// only once its ring predecessor entered it. CCLITE_CHECK_MISMATCH=0 turns it
+// off (then a mismatch hangs until the deadline or corrupts, as in NCCL).
+//
+// Point-to-point calls (send/recv/sendrecv) carry no header: their matching is
+// the stream order, and they do not advance the collective number.
+#pragma once
+
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include <cclite/collective/op.hpp>
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/status.hpp>
+
+namespace cclite::detail {
+
+/// What one rank called, as far as the other ranks must agree with it.
+struct call_header {
+  static constexpr std::uint32_t magic_value = 0x48434c43;  // "CLCH" little-endian
+  static constexpr std::size_t wire_bytes = 32;
+  std::uint32_t magic = magic_value;
+  std::uint8_t kind = 0, type = 0, op = 0;
+  std::int32_t root = 0;
+  std::uint32_t aux = 0;  // allgatherv: hash of the counts every rank must agree on
+  std::uint64_t count = 0;
+  std::uint64_t seq = 0;
+
+  bool operator==(const call_header& o) const {
+    return magic == o.magic && kind == o.kind && type == o.type && op == o.op && root == o.root &&
+           aux == o.aux && count == o.count && seq == o.seq;
+  }
+  bool operator!=(const call_header& o) const { return !(*this == o); }
+
+  // Fixed layout, little-endian, whatever the host: ranks of one job may run
+  // on different machines.
+  void encode(std::uint8_t* b) const {
+    std::memset(b, 0, wire_bytes);
+    put(b + 0, magic, 4);
+    b[4] = kind;
+    b[5] = type;
+    b[6] = op;
+    put(b + 8, static_cast<std::uint32_t>(root), 4);
+    put(b + 12, aux, 4);
+    put(b + 16, count, 8);
+    put(b + 24, seq, 8);
+  }
+  static call_header decode(const std::uint8_t* b) {
+    call_header h;
+    h.magic = static_cast<std::uint32_t>(get(b + 0, 4));
+    h.kind = b[4];
+    h.type = b[5];
+    h.op = b[6];
+    h.root = static_cast<std::int32_t>(static_cast<std::uint32_t>(get(b + 8, 4)));
+    h.aux = static_cast<std::uint32_t>(get(b + 12, 4));
+    h.count = get(b + 16, 8);
+    h.seq = get(b + 24, 8);
+    return h;
+  }
+
+  /// "allreduce(count=1024, float, sum)", "broadcast(count=8, int32, root=1)".
+  std::string describe() const {
+    if (magic != magic_value) return "something else (no collective header: a point-to-point call or stray bytes)";
+    const auto k = static_cast<collective_kind>(kind);
+    if (kind >= collective_kind_count) return "an unknown collective";
+    if (k == collective_kind::barrier) return "barrier()";
+    char buf[160];
+    const char* t = type < dtype_count ? to_string(static_cast<dtype>(type)) : "?";
+    int n = 0;
+    if (k == collective_kind::allgatherv) n = std::snprintf(buf, sizeof buf, "allgatherv(%s, counts hash %08x", t, aux);
+    else if (k == collective_kind::alltoallv) n = std::snprintf(buf, sizeof buf, "alltoallv(%s", t);
+    else n = std::snprintf(buf, sizeof buf, "%s(count=%" PRIu64 ", %s", to_string(k), count, t);
+    if (reduces(k) && n > 0 && n < static_cast<int>(sizeof buf))
+      n += std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), ", %s",
+                         op < reduce_op_count ? to_string(static_cast<reduce_op>(op)) : "?");
+    if (rooted(k) && n > 0 && n < static_cast<int>(sizeof buf))
+      n += std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), ", root=%d", root);
+    return std::string(buf) + ")";
+  }
+
+  static bool reduces(collective_kind k) {
+    return k == collective_kind::allreduce || k == collective_kind::reduce || k == collective_kind::reduce_scatter;
+  }
+  static bool rooted(collective_kind k) {
+    return k == collective_kind::broadcast || k == collective_kind::reduce || k == collective_kind::gather ||
+           k == collective_kind::scatter;
+  }
+
+ private:
+  static void put(std::uint8_t* b, std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(v >> (8 * i));
+  }
+  static std::uint64_t get(const std::uint8_t* b, int n) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= std::uint64_t(b[i]) << (8 * i);
+    return v;
+  }
+};
+
+/// True for the calls that carry a header (all but point-to-point).
+inline bool has_call_header(collective_kind k) {
+  return k != collective_kind::send && k != collective_kind::recv && k != collective_kind::sendrecv;
+}
+
+/// The header of `d`, the `seq`-th collective of this communicator. Fields a
+/// kind does not use are zero, so headers compare field by field. Only what
+/// must agree across ranks goes in: per-rank counts of allgatherv/alltoallv
+/// legitimately differ (allgatherv's counts *array* must agree, so its hash
+/// goes in; alltoallv's per-pair counts are not checked).
+inline call_header make_call_header(const op_desc& d, int size, std::uint64_t seq) {
+  call_header h;
+  h.kind = static_cast<std::uint8_t>(d.kind);
+  h.seq = seq;
+  if (d.kind == collective_kind::barrier) return h;
+  h.type = static_cast<std::uint8_t>(d.type);
+  if (call_header::reduces(d.kind)) h.op = static_cast<std::uint8_t>(d.op);
+  if (call_header::rooted(d.kind)) h.root = d.root;
+  if (d.kind == collective_kind::allgatherv) {
+    std::uint32_t x = 2166136261u;  // FNV-1a over the counts
+    for (int r = 0; r < size && d.counts; ++r) {
+      std::uint64_t c = d.counts[r];
+      for (int i = 0; i < 8; ++i) x = (x ^ static_cast<std::uint8_t>(c >> (8 * i))) * 16777619u;
+    }
+    h.aux = x;
+  } else if (d.kind != collective_kind::alltoallv) {
+    h.count = d.count;
+  }
+  return h;
+}
+
+/// The error a rank reports when the header from `peer` differs from what it
+/// expected: "allreduce #12: rank 0 called allreduce(count=1024, float, sum)
+/// but rank 1 called allreduce(count=1000, float, sum)".
+inline status mismatch_error(const call_header& mine, int self, const call_header& theirs, int peer) {
+  std::string m = std::string(to_string(static_cast<collective_kind>(mine.kind))) + " #" +
+                  std::to_string(mine.seq) + ": rank " + std::to_string(self) + " called " + mine.describe() +
+                  " but rank " + std::to_string(peer) + " called " + theirs.describe();
+  if (theirs.magic == call_header::magic_value && theirs.seq != mine.seq)
+    m += " as its collective #" + std::to_string(theirs.seq);
+  m += "; every rank must issue the same collectives in the same order with the same count, dtype, op and root";
+  return status(errc::mismatch, std::move(m));
+}
+
+/// Per-collective header bookkeeping of one communicator: which peers got our
+/// header and whose header we checked, as the collective number of the last
+/// time (so nothing is cleared between calls, and nothing allocates).
+struct header_state {
+  call_header out, expect;  ///< what we send; what every peer must send
+  std::uint64_t* sent = nullptr;  ///< [peer] = seq of the last header sent to it
+  std::uint64_t* seen = nullptr;  ///< [peer] = seq of the last header checked from it
+  bool active = false;            ///< false: checking off, or a point-to-point call
+  bool knows_culprit = false;     ///< a timeout found the rank that never called
+};
+
+/// Reads and checks `prev`'s header through primitives `p` (32 bytes).
+template <class Prims>
+status check_header(Prims& p, header_state& h, int self, int prev) {
+  std::uint8_t in[call_header::wire_bytes];
+  status st = p.recv(in, sizeof in);
+  if (!st.ok()) return st;
+  h.seen[prev] = h.expect.seq;
+  const call_header theirs = call_header::decode(in);
+  if (theirs != h.expect) return mismatch_error(h.expect, self, theirs, prev);
+  return {};
+}
+
+/// Primitives over (prev -> this rank -> next) that put this rank's header
+/// before its first byte to `next`, and check `prev`'s header before the first
+/// byte they consume from it, once per collective and direction. Forwards
+/// every verb of primitives<P, N> (algorithm/primitives.hpp). The ring
+/// neighbours exchange headers in every collective (comm_core::begin_checks /
+/// end_checks), whatever the algorithm, so at least one rank of any
+/// disagreeing pair sees it.
+template <class Prims>
+class checked_primitives {
+ public:
+  /// `h` null = no checking. `eager_bytes`: a sendrecv that sends at most this
+  /// many bytes sends them before it checks (they fit the link buffer), so a
+  /// small exchange costs one trip, not two.
+  checked_primitives(Prims& p, header_state* h, int self, int prev, int next, std::size_t eager_bytes)
+      : p_(p), h_(h && h->active ? h : nullptr), self_(self), prev_(prev), next_(next), eager_(eager_bytes) {}
+
+  status send(const std::uint8_t* src, std::size_t bytes) {
+    CCLITE_TRY(out(bytes));
+    return p_.send(src, bytes);
+  }
+  status recv(std::uint8_t* o, std::size_t bytes) {
+    CCLITE_TRY(in(bytes));
+    return p_.recv(o, bytes);
+  }
+  status recv_copy_send(std::uint8_t* o, std::size_t bytes) {
+    CCLITE_TRY(in(bytes));
+    CCLITE_TRY(out(bytes));
+    return p_.recv_copy_send(o, bytes);
+  }
+  status recv_reduce_send(const std::uint8_t* local, std::size_t bytes) {
+    CCLITE_TRY(in(bytes));
+    CCLITE_TRY(out(bytes));
+    return p_.recv_reduce_send(local, bytes);
+  }
+  status recv_reduce_copy_send(const std::uint8_t* local, std::uint8_t* o, std::size_t bytes, int divide_by = 0) {
+    CCLITE_TRY(in(bytes));
+    CCLITE_TRY(out(bytes));
+    return p_.recv_reduce_copy_send(local, o, bytes, divide_by);
+  }
+  status recv_reduce_copy(const std::uint8_t* local, std::uint8_t* o, std::size_t bytes) {
+    CCLITE_TRY(in(bytes));
+    return p_.recv_reduce_copy(local, o, bytes);
+  }
+  status sendrecv(const std::uint8_t* src, std::size_t send_bytes, std::uint8_t* o, std::size_t recv_bytes) {
+    CCLITE_TRY(out(send_bytes));
+    if (needs_check(recv_bytes) && send_bytes + call_header::wire_bytes <= eager_) {
+      CCLITE_TRY(p_.send(src, send_bytes));  // fits the buffer: cannot block on the peer
+      CCLITE_TRY(in(recv_bytes));
+      return p_.recv(o, recv_bytes);
+    }
+    CCLITE_TRY(in(recv_bytes));
+    return p_.sendrecv(src, send_bytes, o, recv_bytes);
+  }
+  status finish() { return p_.finish(); }
+
+  /// Sends our header to `next` if it has not had it in this collective.
+  status send_header() { return out(1); }
+  /// Checks `prev`'s header if not yet done in this collective.
+  status check_prev() { return in(1); }
+
+ private:
+  bool needs_check(std::size_t bytes) const {
+    return h_ && bytes && h_->seen[prev_] != h_->expect.seq;
+  }
+  status out(std::size_t bytes) {
+    if (!h_ || !bytes || h_->sent[next_] == h_->out.seq) return {};
+    h_->sent[next_] = h_->out.seq;
+    std::uint8_t b[call_header::wire_bytes];
+    h_->out.encode(b);
+    return p_.send(b, sizeof b);
+  }
+  status in(std::size_t bytes) {
+    if (!needs_check(bytes)) return {};
+    return check_header(p_, *h_, self_, prev_);
+  }
+
+  Prims& p_;
+  header_state* h_;
+  int self_, prev_, next_;
+  std::size_t eager_;
+};
+
+}  // namespace cclite::detail

@@ -1,0 +1,262 @@
+// Faults between real processes: mismatched collectives, a rank killed with
+// SIGKILL mid-collective, a rank that never calls, abort() spreading to the
+// other ranks. Every rank must return an error naming the root cause (the
+// mismatch, or the first lost rank), never hang or return wrong data. Hang
+// guards are generous; nothing here asserts on time.
+#include <cclite/cclite.hpp>
+
+#include <doctest/doctest.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/comm.hpp"
+#include "support/mp.hpp"
+
+using namespace cclite;
+using cclite::test::net;
+
+namespace {
+
+bool contains(const status& st, const std::string& what) { return st.message().find(what) != std::string::npos; }
+
+// Runs `call` on `size` ranks, the last rank calling it with `odd` = true,
+// and requires errc::mismatch on every rank, now and on the next call.
+// `lenient`: rooted collectives can finish on a rank that needs nothing from
+// the odd one (a broadcast rank upstream of it): that rank sees the mismatch
+// on its next call instead.
+void expect_mismatch(int size, net n, const char* what,
+                     const std::function<status(default_communicator&, bool odd)>& call, bool lenient = false,
+                     const std::vector<std::string>& names = {}) {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      size,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        status st = call(*c, rank == sz - 1);
+        if (lenient && st.ok()) st = c->barrier();
+        if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what, st.to_string().c_str());
+        MP_CHECK(st.code() == errc::mismatch);
+        MP_CHECK(contains(st, " called ") && contains(st, " but rank "));
+        for (const auto& name : names) MP_CHECK(contains(st, name));
+        MP_CHECK(c->barrier().code() == errc::mismatch);  // unusable now, and says why
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(n, rank, size);
+        ::setenv("CCLITE_TIMEOUT", "30", 1);  // a mismatch must be seen well before this
+      });
+  INFO(what, ", ", size, " ranks over ", test::to_string(n), ": ", r.describe());
+  CHECK(r.all_ok());
+}
+
+}  // namespace
+
+TEST_CASE("mismatched counts dtypes ops collectives and roots give mismatch on every rank") {
+  for (net n : {net::shm_only, net::tcp_only}) {
+    for (int size : {2, 3}) {
+      // Small (recursive doubling) and large (ring) allreduce.
+      expect_mismatch(size, n, "count", [](default_communicator& c, bool odd) {
+        std::vector<float> v(1024, 1.0f);
+        return c.allreduce(v.data(), odd ? 1000 : 1024);
+      }, false, {"allreduce(count=1024, float, sum)", "allreduce(count=1000, float, sum)"});
+      expect_mismatch(size, n, "large count", [](default_communicator& c, bool odd) {
+        std::vector<float> v(1u << 20, 1.0f);
+        return c.allreduce(v.data(), odd ? v.size() - 8 : v.size());
+      });
+      expect_mismatch(size, n, "dtype", [](default_communicator& c, bool odd) {
+        std::vector<std::int32_t> v(256, 1);
+        return c.allreduce(v.data(), v.data(), v.size(), odd ? dtype::float32 : dtype::int32, reduce_op::sum);
+      }, false, {"int32", "float"});
+      expect_mismatch(size, n, "op", [](default_communicator& c, bool odd) {
+        std::vector<float> v(64, 1.0f);
+        return c.allreduce(v.data(), v.size(), odd ? reduce_op::max : reduce_op::sum);
+      });
+      expect_mismatch(size, n, "collective", [](default_communicator& c, bool odd) {
+        std::vector<float> v(4096, 1.0f);
+        return odd ? c.broadcast(v.data(), v.size(), 0) : c.allreduce(v.data(), v.size());
+      }, true, {"broadcast(count=4096, float, root=0)", "allreduce(count=4096, float, sum)"});
+      expect_mismatch(size, n, "root", [](default_communicator& c, bool odd) {
+        std::vector<float> v(4096, 1.0f);
+        return c.broadcast(v.data(), v.size(), odd ? 1 : 0);
+      }, true, {"root=0", "root=1"});
+    }
+  }
+}
+
+TEST_CASE("per-rank counts of allgatherv are not a mismatch and the check can be turned off") {
+  for (const char* check : {"1", "0"}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        3,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          std::vector<std::size_t> counts{1, 300, 7}, displs{0, 1, 301};
+          std::vector<int> mine(counts[static_cast<std::size_t>(rank)], rank + 1), all(308, -1);
+          MP_REQUIRE_OK(c->allgatherv(mine.data(), mine.size(), all.data(), counts.data(), displs.data(), dtype::int32));
+          MP_CHECK(all[0] == 1 && all[1] == 2 && all[300] == 2 && all[301] == 3 && all[307] == 3);
+          int x = 1;
+          MP_REQUIRE_OK(c->allreduce(&x, 1));
+          MP_CHECK(x == 3);
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(net::mixed, rank, 3);
+          ::setenv("CCLITE_CHECK_MISMATCH", check, 1);
+        });
+    INFO("CCLITE_CHECK_MISMATCH=", check, ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
+TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank now and on the next call") {
+  // Four ranks on one ring 0 -> 1 -> 2 -> 3 -> 0: rank 0 is not a neighbour of
+  // rank 2, so it learns of the loss only through the others.
+  for (net n : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        4,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          const std::string victim = c->peer(2).describe();  // "rank 2 (host, pid N)"
+          std::vector<float> v(4u << 20, 1.0f);
+          if (rank == 2) {
+            // Dies inside a collective: the main thread is moving data then.
+            std::thread([] {
+              std::this_thread::sleep_for(std::chrono::milliseconds(300));
+              ::raise(SIGKILL);
+            }).detach();
+          }
+          for (int i = 0; i < 100000; ++i) {
+            status st = c->allreduce(v.data(), v.size());
+            if (st.ok()) continue;
+            if (st.code() != errc::peer_lost || !contains(st, victim))
+              std::fprintf(stderr, "rank %d: expected peer_lost naming %s, got %s\n", rank, victim.c_str(),
+                           st.to_string().c_str());
+            MP_CHECK(st.code() == errc::peer_lost);
+            MP_CHECK(contains(st, victim));          // the first casualty, not a survivor that gave up
+            MP_CHECK(contains(st, "allreduce #"));  // and the call it died in
+            status next = c->allreduce(v.data(), 1);
+            MP_CHECK(next.code() == errc::peer_lost);
+            MP_CHECK(contains(next, victim));
+            return 0;
+          }
+          return 1;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(n, rank, 4);
+          ::setenv("CCLITE_TIMEOUT", "60", 1);  // loss must be reported well before this
+        });
+    INFO(test::to_string(n), ": ", r.describe());
+    CHECK(r.exit_codes[0] == 0);
+    CHECK(r.exit_codes[1] == 0);
+    CHECK(r.exit_codes[2] == -SIGKILL);
+    CHECK(r.exit_codes[3] == 0);
+    CHECK_FALSE(r.timed_out);
+  }
+  // No shared-memory segment of these jobs is left behind.
+  CHECK(std::system("ls /dev/shm | grep -q '^cclite-'") != 0);
+}
+
+TEST_CASE("timeout: a rank that never calls is named on every rank that waited") {
+  for (net n : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        3,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          // The deadline also bounds set-up, so it must leave room for slow
+          // starts (sanitizer builds on a loaded machine).
+          auto c = test::make_comm(*kv, rank, sz, comm_options{milliseconds(4000)});
+          const std::string missing = c->peer(2).describe();
+          if (rank == 2) {  // alive, never calls, until both others are done
+            auto done = kv->get("test/done/1", deadline::after(milliseconds(50000)));
+            done = kv->get("test/done/0", deadline::after(milliseconds(50000)));
+            return 0;
+          }
+          float v = 1;
+          status st = c->allreduce(&v, 1);
+          MP_REQUIRE_OK(kv->set("test/done/" + std::to_string(rank), "1"));
+          if (!contains(st, missing)) std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+          MP_CHECK(st.code() == errc::timeout);
+          MP_CHECK(contains(st, missing));
+          MP_CHECK(contains(st, "did not call allreduce #1"));
+          MP_CHECK(c->allreduce(&v, 1).code() == errc::timeout);
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) { test::set_net_env(n, rank, 3); });
+    INFO(test::to_string(n), ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
+TEST_CASE("abort on one rank wakes a rank blocked in a collective on another") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      2,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        float v = 1;
+        if (rank == 0) {
+          std::thread watchdog([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            c->abort();
+          });
+          watchdog.join();
+          MP_CHECK(c->barrier().code() == errc::aborted);  // the call that spreads it
+          return 0;
+        }
+        status st = c->allreduce(&v, 1);  // rank 0 never joins; its abort ends the wait
+        if (st.code() != errc::peer_lost) std::fprintf(stderr, "rank 1: %s\n", st.to_string().c_str());
+        MP_CHECK(st.code() == errc::peer_lost);
+        MP_CHECK(contains(st, c->peer(0).describe() + " aborted its communicator"));
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(net::shm_only, rank, 2);
+        ::setenv("CCLITE_TIMEOUT", "60", 1);
+      });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+}
+
+TEST_CASE("async calls queued behind a lost peer all return peer_lost") {
+  // Exercises the background queue thread (and, under TSan, its locking).
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      2,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        std::vector<std::vector<float>> bufs(4, std::vector<float>(50000, 1.0f));
+        std::vector<work> ws;
+        for (auto& b : bufs) ws.push_back(c->allreduce_async(b.data(), b.size()));
+        for (auto& w : ws) MP_REQUIRE_OK(w.wait(std::chrono::seconds(60)));
+        MP_CHECK(bufs[3][49999] == 2.0f);
+        MP_REQUIRE_OK(c->barrier());
+        if (rank == 1) ::_exit(0);  // leaves without a word, like a crash
+        ws.clear();
+        for (auto& b : bufs) ws.push_back(c->allreduce_async(b.data(), b.size()));
+        const std::string lost = c->peer(1).describe();
+        for (auto& w : ws) {
+          status st = w.wait(std::chrono::seconds(60));
+          MP_CHECK(st.code() == errc::peer_lost);
+          MP_CHECK(contains(st, lost));
+        }
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(net::tcp_only, rank, 2);
+        ::setenv("CCLITE_TIMEOUT", "60", 1);
+      });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+}

@@ -1,0 +1,300 @@
+// The CUDA layer on any machine: without a GPU (CI, the development VM) every
+// CUDA entry point must answer with a clear 'no CUDA device' status, never a
+// crash, and the CPU collectives must keep working in the same binary. With a
+// GPU the same cases check the positive answers. Built whenever the CUDA Toolkit
+// is found (tests/gpu/gpu.cmake); device-heavy checks live in tests/gpu/run.sh.
+//
+// CUDA calls are made in forked children only: the CUDA runtime does not
+// survive fork(), so the parent stays CUDA-free for the next test case.
+#include <cclite/cuda/gpu_backend.hpp>
+#include <cclite/cuda/ipc.hpp>
+#include <cclite/cuda/runtime.hpp>
+#include <cclite/cuda/staging.hpp>
+
+#include <cclite/cclite.hpp>
+
+#if defined(CCLITE_HAS_NCCL)
+#include <cclite/nccl/backend.hpp>
+#endif
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "support/comm.hpp"
+#include "support/mp.hpp"
+
+using namespace cclite;
+
+namespace {
+
+bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+
+// Runs `fn` in one forked child (see the file comment) and returns whether it passed.
+bool in_child(const std::function<int()>& fn) {
+  auto r = test::run_ranks(1, [&](int, int) { return fn(); }, std::chrono::seconds(120));
+  return r.all_ok();
+}
+
+}  // namespace
+
+TEST_CASE("device_count is a count or a clear no-device status") {
+  CHECK(in_child([] {
+    auto n = cuda::device_count();
+    if (n) {
+      MP_CHECK(n.value() >= 1);
+      MP_CHECK(cuda::available());
+      std::printf("cuda_test: %d CUDA device(s)\n", n.value());
+    } else {
+      std::printf("cuda_test: %s\n", n.error().to_string().c_str());
+      MP_CHECK(n.error().code() == errc::unsupported);
+      MP_CHECK(contains(n.error().message(), "no CUDA device"));
+      MP_CHECK(contains(n.error().message(), "nvidia-smi"));  // the hint
+      MP_CHECK(!cuda::available());
+      // Asking again gives the same answer: nothing sticky, nothing crashed.
+      auto again = cuda::device_count();
+      MP_CHECK(!again.ok() && again.error().code() == errc::unsupported);
+      MP_CHECK(cuda::set_device(0).code() == errc::unsupported);
+      auto buf = cuda::device_buffer::allocate(1024);
+      MP_CHECK(!buf.ok() && buf.error().code() == errc::unsupported);
+      auto st = cuda::stream::create();
+      MP_CHECK(!st.ok() && st.error().code() == errc::unsupported);
+    }
+    return 0;
+  }));
+}
+
+TEST_CASE("host memory is never taken for device memory") {
+  CHECK(in_child([] {
+    std::vector<float> host(1024, 1.0f);
+    int on_stack = 0;
+    MP_CHECK(cuda::query_pointer(host.data()).kind == cuda::memory_kind::host);
+    MP_CHECK(!cuda::is_device_pointer(host.data()));
+    MP_CHECK(!cuda::is_device_pointer(&on_stack));
+    MP_CHECK(!cuda::is_device_pointer(nullptr));
+    if (cuda::available()) {
+      auto buf = cuda::device_buffer::allocate(4096);
+      MP_REQUIRE_OK(buf);
+      const auto info = cuda::query_pointer(buf.value().data());
+      MP_CHECK(info.kind == cuda::memory_kind::device);
+      MP_CHECK(info.device >= 0);
+      MP_CHECK(cuda::is_device_pointer(buf.value().as<char>() + 100));
+    }
+    return 0;
+  }));
+}
+
+TEST_CASE("CUDA IPC handles fail cleanly") {
+  CHECK(in_child([] {
+    // Wrong-sized handles are refused before any CUDA call.
+    auto m = cuda::ipc_mapping::open("not a handle");
+    MP_CHECK(!m.ok() && m.error().code() == errc::protocol_error);
+    auto e = cuda::ipc_event::open(std::string(3, 'x'));
+    MP_CHECK(!e.ok() && e.error().code() == errc::protocol_error);
+    std::vector<float> host(64);
+    auto h = cuda::export_memory(host.data());
+    MP_REQUIRE(!h.ok());
+    if (cuda::available()) {
+      MP_CHECK(h.error().code() == errc::invalid_argument);  // host memory cannot be exported
+    } else {
+      MP_CHECK(h.error().code() == errc::unsupported);
+      MP_CHECK(contains(h.error().message(), "no CUDA device"));
+      auto ev = cuda::ipc_event::create();
+      MP_CHECK(!ev.ok() && ev.error().code() == errc::unsupported);
+    }
+    MP_CHECK(cuda::can_access_peer(0, 0).value());
+    return 0;
+  }));
+}
+
+TEST_CASE("pinned staging reports no device and checks its arguments") {
+  CHECK(in_child([] {
+    auto bad = cuda::staging_buffers::create(16, 1);
+    MP_CHECK(!bad.ok() && bad.error().code() == errc::invalid_argument);
+    auto st = cuda::staging_buffers::create(1u << 20, 2);
+    if (!cuda::available()) {
+      MP_REQUIRE(!st.ok());
+      MP_CHECK(st.error().code() == errc::unsupported);
+      MP_CHECK(contains(st.error().message(), "no CUDA device"));
+    } else {
+      MP_REQUIRE_OK(st);
+      MP_CHECK(st.value().slots() == 2);
+    }
+    // Argument checks come before any CUDA call or collective.
+    struct no_comm {
+      status allreduce(const void*, void*, std::size_t, dtype, reduce_op) {
+        return status(errc::unsupported, "not called");
+      }
+    } comm;
+    cuda::staging_buffers none;
+    int x = 0;
+    MP_CHECK(cuda::staged_allreduce(comm, &x, &x, 0, dtype::int32, reduce_op::sum, nullptr, none).ok());
+    MP_CHECK(cuda::staged_allreduce(comm, nullptr, &x, 1, dtype::int32, reduce_op::sum, nullptr, none).code() ==
+             errc::invalid_argument);
+    MP_CHECK(cuda::staged_allreduce(comm, &x, &x, 1, dtype::int32, reduce_op::sum, nullptr, none).code() ==
+             errc::invalid_argument);  // no staging buffers
+    return 0;
+  }));
+}
+
+TEST_CASE("CUDA errors become statuses with the runtime text") {
+  // cudaGetErrorName / cudaGetErrorString need no device (in a child all the same:
+  // cuda_status also clears the runtime's last error).
+  CHECK(in_child([] {
+    status s = cuda::cuda_status(cudaErrorMemoryAllocation, "cudaMalloc");
+    MP_CHECK(s.code() == errc::resource_exhausted);
+    MP_CHECK(contains(s.message(), "cudaMalloc"));
+    MP_CHECK(contains(s.message(), "cudaErrorMemoryAllocation"));
+    MP_CHECK(contains(s.message(), cudaGetErrorString(cudaErrorMemoryAllocation)));
+    MP_CHECK(cuda::cuda_status(cudaErrorInvalidValue, "x").code() == errc::invalid_argument);
+    MP_CHECK(cuda::cuda_status(cudaErrorIllegalAddress, "x").code() == errc::system_error);
+    status none = cuda::cuda_status(cudaErrorNoDevice, "cudaSetDevice");
+    MP_CHECK(none.code() == errc::unsupported);
+    MP_CHECK(contains(none.message(), "no CUDA device"));
+    MP_CHECK(cuda::cuda_status(cudaSuccess, "x").ok());
+    return 0;
+  }));
+}
+
+TEST_CASE("CCLITE_GPU_BACKEND parsing") {
+  using cuda::gpu_backend;
+  CHECK(cuda::parse_gpu_backend(nullptr, true).value() == gpu_backend::nccl);
+  CHECK(cuda::parse_gpu_backend("", false).value() == gpu_backend::native);
+  CHECK(cuda::parse_gpu_backend("auto", true).value() == gpu_backend::nccl);
+  CHECK(cuda::parse_gpu_backend("NCCL", true).value() == gpu_backend::nccl);
+  CHECK(cuda::parse_gpu_backend("native", true).value() == gpu_backend::native);
+  auto missing = cuda::parse_gpu_backend("nccl", false);
+  REQUIRE(!missing.ok());
+  CHECK(missing.error().code() == errc::unsupported);
+  CHECK(contains(missing.error().message(), "CCLITE_GPU_BACKEND=native"));
+  auto bad = cuda::parse_gpu_backend("gloo", true);
+  REQUIRE(!bad.ok());
+  CHECK(bad.error().code() == errc::invalid_argument);
+  CHECK(contains(bad.error().message(), "'gloo'"));
+  CHECK(contains(bad.error().message(), "nccl, native"));
+
+  ::setenv("CCLITE_GPU_BACKEND", "native", 1);
+  CHECK(cuda::gpu_backend_from_env(true).value() == gpu_backend::native);
+  ::unsetenv("CCLITE_GPU_BACKEND");
+  CHECK(cuda::gpu_backend_from_env(false).value() == gpu_backend::native);
+#if defined(CCLITE_HAS_NCCL)
+  CHECK(cuda::built_with_nccl());
+#endif
+}
+
+TEST_CASE("CPU allreduce works in a binary that probed CUDA") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(2, [&](int rank, int size) {
+    // Probe first, as a GPU-aware program does at start-up, whatever the answer.
+    const bool gpu = cuda::available();
+    std::vector<float> host(1000, 0.0f);
+    MP_CHECK(!cuda::is_device_pointer(host.data()));
+    auto kv = test::open_dir_store(dir.path);
+    auto comm = test::make_comm(*kv, rank, size);
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(rank + 1) * float(i % 7);
+    MP_REQUIRE_OK(comm->allreduce(host.data(), host.size()));
+    for (std::size_t i = 0; i < host.size(); ++i) MP_CHECK(host[i] == 3.0f * float(i % 7));
+    std::vector<double> avg(33, double(rank));
+    MP_REQUIRE_OK(comm->allreduce(avg.data(), avg.data(), avg.size(), dtype::float64, reduce_op::avg));
+    for (double v : avg) MP_CHECK(v == 0.5);
+    (void)gpu;
+    return 0;
+  }, std::chrono::seconds(120), [](int rank) { test::set_net_env(test::net::shm_only, rank, 2); });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
+}
+
+#if defined(CCLITE_HAS_NCCL)
+
+TEST_CASE("NCCL dtype and op mapping") {
+  const ncclDataType_t expect[] = {ncclInt8,  ncclUint8,    ncclInt32,    ncclUint32,  ncclInt64,
+                                   ncclUint64, ncclFloat16, ncclBfloat16, ncclFloat32, ncclFloat64};
+  for (int i = 0; i < dtype_count; ++i) {
+    auto t = static_cast<dtype>(i);
+    CAPTURE(to_string(t));
+    REQUIRE(nccl::to_nccl(t).ok());
+    CHECK(nccl::to_nccl(t).value() == expect[i]);
+  }
+  CHECK(nccl::to_nccl(reduce_op::sum).value() == ncclSum);
+  CHECK(nccl::to_nccl(reduce_op::prod).value() == ncclProd);
+  CHECK(nccl::to_nccl(reduce_op::min).value() == ncclMin);
+  CHECK(nccl::to_nccl(reduce_op::max).value() == ncclMax);
+  CHECK(nccl::to_nccl(reduce_op::avg).value() == ncclAvg);
+  CHECK(nccl::to_nccl(static_cast<dtype>(42)).error().code() == errc::invalid_argument);
+  CHECK(nccl::to_nccl(static_cast<reduce_op>(9)).error().code() == errc::invalid_argument);
+  CHECK(in_child([] {  // NCCL library calls: in a child, as the CUDA ones
+    status s = nccl::nccl_status(ncclInvalidUsage, "ncclAllReduce");
+    MP_CHECK(s.code() == errc::invalid_argument);
+    MP_CHECK(contains(s.message(), "ncclAllReduce"));
+    MP_CHECK(nccl::nccl_status(ncclRemoteError, "x").code() == errc::peer_lost);
+    MP_CHECK(nccl::version_string().find('.') != std::string::npos);
+    return 0;
+  }));
+}
+
+TEST_CASE("NCCL unique id travels through the store") {
+  // ncclGetUniqueId needs no GPU, so the bootstrap is tested on every machine.
+  test::temp_dir dir;
+  auto r = test::run_ranks(3, [&](int rank, int) {
+    auto kv = test::open_dir_store(dir.path);
+    auto id = nccl::exchange_unique_id(*kv, "job/nccl_id", rank, deadline::after(milliseconds(30000)));
+    MP_REQUIRE_OK(id);
+    std::string mine(reinterpret_cast<const char*>(&id.value()), sizeof(ncclUniqueId));
+    // Every rank publishes what it got; rank 0 compares them all.
+    MP_REQUIRE_OK(kv->set("seen/" + std::to_string(rank), mine));
+    if (rank == 0) {
+      for (int p = 1; p < 3; ++p) {
+        auto v = kv->get("seen/" + std::to_string(p), deadline::after(milliseconds(30000)));
+        MP_REQUIRE_OK(v);
+        MP_CHECK(v.value() == mine);
+      }
+      MP_CHECK(mine != std::string(sizeof(ncclUniqueId), '\0'));
+    }
+    return 0;
+  });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
+}
+
+TEST_CASE("NCCL unique id wait is bounded and checks its size") {
+  CHECK(in_child([] {
+    memory_store kv;
+    auto late = nccl::exchange_unique_id(kv, "never", 1, deadline::after(milliseconds(100)));
+    MP_CHECK(!late.ok() && late.error().code() == errc::timeout);
+    MP_CHECK(contains(late.error().message(), "NCCL unique id"));
+    MP_REQUIRE_OK(kv.set("short", "abc"));
+    auto bad = nccl::exchange_unique_id(kv, "short", 1, deadline::after(milliseconds(100)));
+    MP_CHECK(!bad.ok() && bad.error().code() == errc::protocol_error);
+    return 0;
+  }));
+}
+
+TEST_CASE("NCCL backend without a device fails fast on every rank") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(2, [&](int rank, int size) {
+    if (cuda::available()) return 0;  // with a GPU, tests/gpu/run.sh covers the backend
+    auto kv = test::open_dir_store(dir.path);
+    nccl::options o;
+    o.timeout = milliseconds(20000);
+    const auto t0 = clock::now();
+    auto b = nccl::backend::create(*kv, rank, size, o);
+    MP_REQUIRE(!b.ok());
+    std::printf("cuda_test: rank %d: %s\n", rank, b.error().to_string().c_str());
+    MP_CHECK(b.error().code() == errc::unsupported);
+    MP_CHECK(contains(b.error().message(), "no CUDA device"));
+    // Fails before the store is touched: no rank waits for the other's id.
+    MP_CHECK(clock::now() - t0 < std::chrono::seconds(10));
+    MP_CHECK(!kv->check("cclite/nccl/unique_id").value());
+    return 0;
+  });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
+}
+
+TEST_CASE("NCCL backend rejects a bad rank") {
+  memory_store kv;
+  auto b = nccl::backend::create(kv, 2, 2);
+  REQUIRE(!b.ok());
+  CHECK(b.error().code() == errc::invalid_argument);
+}
+
+#endif  // CCLITE_HAS_NCCL

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh - every GPU test and GPU benchmark of cclite, on one machine
+# with an NVIDIA GPU (written for an H200 with CUDA 13 and NCCL under
+# /usr/local/cuda), in a few minutes; a short table last.
+#
+#   tests/gpu/run.sh              build into build-gpu/ (BUILD=dir to change), run, print
+#   CUDA_ARCH=80 tests/gpu/run.sh for another GPU (default 90: H100/H200)
+#   tests/gpu/run.sh --table build-gpu/results.txt   re-print the table of a run
+#   DIRECT_BUILD=1 tests/gpu/run.sh   skip CMake: nvcc/g++ build the GPU programs (no
+#                        cuda_test); what happens anyway without cmake or doctest
+#
+# What it runs:
+#   cuda_test            doctest: device detection, pointer kinds, error statuses,
+#                        CCLITE_GPU_BACKEND, NCCL unique id over the store, CPU
+#                        allreduce in the same binary (needs doctest; skipped if absent)
+#   reduce_kernels_gpu   every dtype x op of the device reduction kernels, bit for
+#                        bit against the host kernels; their bandwidth as a % of a
+#                        device-to-device copy measured in the same run
+#   ipc_gpu              2 processes sharing the GPU: CUDA IPC handles over the store,
+#                        direct allreduce reading the peer's memory, every dtype x op,
+#                        and its busbw at 256 MiB
+#   staging_gpu          2 processes sharing the GPU, device buffers through the CPU
+#                        communicator (shm) staged in pinned host chunks, every dtype x
+#                        op, and its busbw at 256 MiB
+#   nccl_gpu check N     every collective x dtype (x op) through cclite::nccl::backend
+#                        on device buffers, N = 1 process per GPU (NCCL allows one
+#                        rank per GPU, so 2 processes sharing a GPU are not possible
+#                        with NCCL; that path belongs to the CUDA IPC transport)
+#   nccl_gpu perf        NCCL allreduce of 256 MiB float (time, algbw, busbw)
+#   nccl_gpu missing_rank a rank that never joins: timeout after 5 s, no hang
+# Exit status: 0 all passed, 1 a failure, 77 nothing failed but no GPU was found.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BUILD=${BUILD:-$ROOT/build-gpu}
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+ARCH=${CUDA_ARCH:-90}
+JOBS=$(nproc 2>/dev/null || echo 4)
+LOG=$BUILD/run.log
+T0=$(date +%s)
+mkdir -p "$BUILD"
+export PATH="$CUDA/bin:$PATH"
+export LD_LIBRARY_PATH="$CUDA/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CCLITE_TIMEOUT=${CCLITE_TIMEOUT:-120}
+
+say() { echo "[gpu $(( $(date +%s) - T0 ))s] $*"; }
+
+say "machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'nvidia-smi not found')"
+
+# ---- table ---------------------------------------------------------------------
+print_table() {  # results file
+  local RES=$1
+  echo
+  echo "== cclite GPU results ($(date -u +%F), $(( $(date +%s) - T0 )) s, built with $built_with) =="
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
+  nvcc --version 2>/dev/null | grep release | sed 's/^/nvcc: /'
+  grep -h '^nccl_gpu: NCCL' "$(dirname "$RES")"/nccl_check.out 2>/dev/null | head -n1
+  echo
+  echo "Collectives on device buffers, NCCL backend, ${NCCL_RANKS:-1} process(es) (every op for the reducing ones; ok = bit-exact):"
+  awk '$1=="RESULT" && $2=="nccl" && NF>=5 && $3!="check_ranks" && $3!="host_pointer_rejected" && $3!="missing_rank" {
+         if (!($4 in seen)) { seen[$4]=1; order[++nd]=$4 }
+         if (!($3 in cseen)) { cseen[$3]=1; corder[++nc]=$3 }
+         v[$3,$4]=$5 }
+       END { if (nd==0) { print "  (no results)"; exit }
+             printf "  %-9s", "dtype"; for (c=1;c<=nc;c++) printf " %-14s", corder[c]; print ""
+             for (d=1;d<=nd;d++) { printf "  %-9s", order[d]; for (c=1;c<=nc;c++) printf " %-14s", v[corder[c],order[d]]; print "" } }' "$RES"
+  grep -h '^RESULT nccl host_pointer_rejected' "$RES" | sed 's/^RESULT nccl /  /'
+  echo
+  echo "2 processes sharing the GPU (every op; ok = bit-exact): CUDA IPC (handles over the store, direct allreduce) and host staging:"
+  awk '$1=="RESULT" && $2=="ipc" && $3=="allreduce" { line = line sprintf(" %s:%s", $4, $5) } END { print "  ipc     " (line ? line : " (no results)") }' "$RES"
+  awk '$1=="RESULT" && $2=="staged" && $3=="allreduce" { line = line sprintf(" %s:%s", $4, $5) } END { print "  staged  " (line ? line : " (no results)") }' "$RES"
+  awk '$1=="RESULT" && $2=="staged_allreduce_perf" { printf "  staged allreduce %d MiB float sum, 2 ranks on 1 GPU via pinned host + shm: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
+  awk '$1=="RESULT" && $2=="ipc_allreduce_perf" { printf "  allreduce %d MiB float sum, 2 ranks on 1 GPU: %.1f us per call (incl. a host barrier), algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
+  echo
+  echo "Device reduction kernels (every op; aligned and misaligned; in place and not; bit-exact vs host):"
+  awk '$1=="RESULT" && $2=="kernel" { line = line sprintf(" %s:%s", $3, $4) } END { print "  " (line ? line : " (no results)") }' "$RES"
+  awk '$1=="RESULT" && $2=="kernel_bw" { printf "  out = a + b, %-8s: %7.1f GB/s = %5.1f%% of device-to-device copy (%.1f GB/s, same run; goal >= 85%%)\n", $3, $5, $7, $6 }' "$RES"
+  echo
+  awk '$1=="RESULT" && $2=="nccl_allreduce_perf" { printf "NCCL allreduce %d MiB float sum, %d rank(s): %.1f us, algbw %.1f GB/s, busbw %.1f GB/s%s\n", $3/1048576, $4, $5, $6, $7, ($4==1 ? " (busbw factor 2(n-1)/n is 0 for one rank)" : "") }' "$RES"
+  grep -h '^RESULT nccl missing_rank' "$RES" | sed 's/^RESULT nccl /NCCL /'
+  echo
+  echo "Steps:"
+  awk '$1=="RESULT" && $2=="step" { printf "  %-20s %s\n", $3, $4 }' "$RES"
+  echo "Full log: $LOG"
+}
+
+if [ "${1:-}" = "--table" ]; then built_with=earlier; print_table "$2"; exit 0; fi  # re-print saved results
+: > "$LOG"
+
+# ---- build: CMake when its dependencies are here, else nvcc/g++ directly ---------
+built_with=none
+have_doctest=0
+{ [ -f /usr/include/doctest/doctest.h ] || [ -f /usr/local/include/doctest/doctest.h ]; } && have_doctest=1
+if command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}" != 1 ]; then
+  tcp=ON
+  [ -f /usr/include/asio.hpp ] || [ -f /usr/local/include/asio.hpp ] || tcp=OFF
+  say "cmake configure (tcp=$tcp, arch=$ARCH)"
+  if cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+       -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCCLITE_WITH_TCP=$tcp -DCCLITE_BUILD_SAMPLES=OFF \
+       -DCCLITE_BUILD_BENCH=OFF -DCCLITE_BUILD_TOOLS=OFF -DCCLITE_HEADER_CHECK=OFF >>"$LOG" 2>&1 &&
+     cmake --build "$BUILD" -j"$JOBS" --target cuda_test reduce_kernels_gpu ipc_gpu staging_gpu nccl_gpu >>"$LOG" 2>&1; then
+    built_with=cmake
+  else
+    say "cmake build failed (see $LOG); trying nvcc/g++ directly"
+  fi
+fi
+BIN=$BUILD/bin
+if [ $built_with = none ]; then
+  mkdir -p "$BIN"
+  INC="-I$ROOT/include -I$ROOT/transports/cuda/include -I$ROOT/transports/nccl/include -I$ROOT/tests/gpu -I$CUDA/include"
+  say "direct build (nvcc sm_$ARCH, g++)"
+  nvcc -std=c++17 -O3 -arch=sm_"$ARCH" -diag-suppress=1675,2810 $INC -DCCLITE_HAS_CUDA=1 \
+       "$ROOT/tests/gpu/reduce_kernels_gpu.cu" -o "$BIN/reduce_kernels_gpu" >>"$LOG" 2>&1 &
+  nvcc -std=c++17 -O3 -arch=sm_"$ARCH" -diag-suppress=1675,2810 $INC -DCCLITE_HAS_CUDA=1 \
+       "$ROOT/tests/gpu/ipc_gpu.cu" -o "$BIN/ipc_gpu" >>"$LOG" 2>&1 &
+  g++ -std=c++17 -O2 $INC -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_NCCL=1 "$ROOT/tests/gpu/nccl_gpu.cpp" \
+      -L"$CUDA/lib64" -lnccl -lcudart -pthread -Wl,-rpath,"$CUDA/lib64" -o "$BIN/nccl_gpu" >>"$LOG" 2>&1
+  # shm only (the tcp transport needs Asio): default_communicator = communicator<shm::transport>.
+  g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 \
+      "$ROOT/tests/gpu/staging_gpu.cpp" -L"$CUDA/lib64" -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
+      -o "$BIN/staging_gpu" >>"$LOG" 2>&1
+  wait
+  built_with=direct
+fi
+say "built ($built_with)"
+
+# ---- run -----------------------------------------------------------------------
+RES=$BUILD/results.txt
+: > "$RES"
+fails=0
+run() {  # name, seconds, command...
+  local name=$1 secs=$2; shift 2
+  if [ ! -x "$1" ]; then
+    if [ "$name" = cuda_test ] && [ $built_with = direct ]; then  # needs doctest + CMake
+      echo "RESULT step $name SKIPPED_NO_DOCTEST" >> "$RES"; say "$name: skipped (direct build)"; return
+    fi
+    echo "RESULT step $name NOT_BUILT" >> "$RES"; fails=$((fails + 1)); say "$name: not built"; return
+  fi
+  say "run $name"
+  timeout "$secs" "$@" > "$BUILD/$name.out" 2>&1
+  local rc=$?
+  cat "$BUILD/$name.out" >> "$LOG"
+  grep '^RESULT' "$BUILD/$name.out" >> "$RES"
+  local verdict=ok
+  case $rc in 0) ;; 77) verdict=SKIPPED_NO_GPU ;; 124) verdict=TIMEOUT; fails=$((fails + 1)) ;; *) verdict="FAIL(rc=$rc)"; fails=$((fails + 1)) ;; esac
+  echo "RESULT step $name $verdict" >> "$RES"
+  [ "$verdict" = ok ] || { say "$name: $verdict"; tail -n 20 "$BUILD/$name.out"; }
+}
+# Hang guards, not expectations (each normally takes seconds); together with the
+# build they keep the worst case under 8 minutes.
+run cuda_test 60 "$BIN/cuda_test"
+run reduce_kernels_gpu 60 "$BIN/reduce_kernels_gpu"
+run ipc_gpu 60 "$BIN/ipc_gpu"
+run staging_gpu 60 "$BIN/staging_gpu"
+run nccl_check 60 "$BIN/nccl_gpu" check "${NCCL_RANKS:-1}"
+run nccl_perf 45 "$BIN/nccl_gpu" perf $((256 << 20))
+run nccl_missing_rank 30 "$BIN/nccl_gpu" missing_rank
+
+print_table "$RES"
+skips=$(grep -c 'SKIPPED_NO_GPU' "$RES")
+if [ "$fails" = 0 ] && [ "$skips" -gt 0 ]; then
+  echo "NO GPU: $skips step(s) skipped; run this on a machine with an NVIDIA GPU"
+  exit 77
+fi
+exit $(( fails > 0 ))

@@ -1,0 +1,268 @@
+#!/bin/sh
+# tests/netns/netns_test.sh CASE - one multi-node case on simulated nodes
+# (nodes.sh): the same cclite-run command on every node, as on a cluster.
+#
+#   2x2           2 nodes x 2 ranks: every collective correct; the INFO log
+#                 shows shm inside a node, tcp between nodes, and the
+#                 hierarchical algorithm for the large allreduce
+#   3x1           3 nodes x 1 rank: every collective correct, all over tcp
+#   hostnames     2 nodes x 2 ranks, --rdzv-endpoint node0:29400 by name, where
+#                 node0 resolves its own name to 127.0.1.1 (Debian's /etc/hosts)
+#   ifname        2 interfaces per node; CCLITE_SOCKET_IFNAME=eth1 carries
+#                 the data (eth1's byte counters), the endpoint is on eth0
+#   ifname_auto   2 interfaces per node, no CCLITE_SOCKET_IFNAME, the endpoint
+#                 on eth1: the data path follows the route to the rendezvous
+#                 host (eth1), not the first interface (eth0)
+#   ifname_wrong  CCLITE_SOCKET_IFNAME naming no interface, then lo: a clear
+#                 error on every node, no hang
+#   agent_killed  node 1's agent is SIGKILLed mid-job: node 0 exits non-zero
+#                 with a message naming node1; then the same with node 0's
+#                 (the store's host)
+#   elastic       3 nodes, --nnodes 2:3 --max-restarts 1; node 2's agent is
+#                 SIGKILLed mid-job: nodes 0 and 1 meet again as a 2-node job
+#                 and the restarted workers pass every check
+#   rdzv_id       an agent of another --rdzv-id at the same endpoint is
+#                 refused; the job itself completes
+#
+# Exit 0 pass, 1 fail, 77 skipped (not root, no ip netns). Every wait is
+# bounded; the namespaces go away on any exit. Needs CCLITE_BIN_DIR (ctest sets it).
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/nodes.sh"
+BIN=${CCLITE_BIN_DIR:-build/bin}
+BIN=$(cd "$BIN" && pwd)
+CASE=$1
+STATUS=0
+
+nodes_require
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/cclite-netns-$CASE.XXXXXX")
+[ -x "$BIN/cclite-run" ] && [ -x "$BIN/collectives_check" ] || { echo "FAIL: build cclite-run and collectives_check first ($BIN)"; exit 1; }
+
+fail() {
+  echo "FAIL: $*"
+  STATUS=1
+}
+show_logs() {
+  for f in "$LOGS"/*.log; do
+    echo "----- $(basename "$f")"
+    cat "$f"
+  done
+}
+finish() {
+  [ "$STATUS" = 0 ] || show_logs
+  [ "$STATUS" = 0 ] && rm -rf "$LOGS" && echo "PASS: $CASE"
+  exit "$STATUS"
+}
+# grep_log FILE PATTERN WHAT: fail unless FILE has a line matching PATTERN.
+grep_log() {
+  grep -q -- "$2" "$1" || fail "$3 (no line matching '$2' in $(basename "$1"))"
+}
+
+# run_job K NPROC TIMEOUT [ENV=V...] -- ARGS...: the same command on nodes 0..K-1,
+# endpoint on node 0; waits for all; RC_<i> per node.
+run_job() {
+  k=$1; nproc=$2; limit=$3; shift 3
+  envs=""
+  while [ "$1" != "--" ]; do envs="$envs $1"; shift; done
+  shift
+  i=0
+  while [ "$i" -lt "$k" ]; do
+    # shellcheck disable=SC2086
+    node_run "$i" "$LOGS/node$i.log" env CCLITE_DEBUG=INFO CCLITE_TIMEOUT=60 $envs \
+      "$BIN/cclite-run" --nnodes "$k" --nproc-per-node "$nproc" --rdzv-id "t$$" \
+      --rdzv-endpoint "${EP_HOST:-$(node_addr 0 "${EP_NET:-0}")}:29400" --rdzv-timeout 60 --timeout "$limit" "$@"
+    i=$((i + 1))
+  done
+  i=0
+  while [ "$i" -lt "$k" ]; do
+    node_wait "$i" $((limit + 30))
+    eval "RC_$i=\$NODE_RC_$i"
+    i=$((i + 1))
+  done
+}
+
+check_collectives() {
+  k=$1; nproc=$2
+  i=0
+  while [ "$i" -lt "$k" ]; do
+    eval "rc=\$RC_$i"
+    [ "$rc" = 0 ] || fail "node $i: cclite-run exited $rc"
+    n=$(grep -c "collectives_check: rank .* checks passed" "$LOGS/node$i.log")
+    [ "$n" = "$nproc" ] || fail "node $i: $n of $nproc ranks passed every check"
+    grep_log "$LOGS/node$i.log" "on node$i: " "node $i: ranks ran on hostname node$i"
+    i=$((i + 1))
+  done
+}
+
+case "$CASE" in
+2x2)
+  nodes_up 2
+  run_job 2 2 120 -- "$BIN/collectives_check" --count 262144
+  check_collectives 2 2
+  for i in 0 1; do
+    f="$LOGS/node$i.log"
+    grep_log "$f" "peer rank [0-9]* (node$i, pid [0-9]*): via shm" "node $i: a peer on the same node goes through shm"
+    grep_log "$f" "peer rank [0-9]* (node$((1 - i)), pid [0-9]*): via tcp" "node $i: a peer on the other node goes through tcp"
+    if grep -q "(node$((1 - i)), pid [0-9]*): via shm" "$f"; then fail "node $i: shm to the other node"; fi
+    grep_log "$f" "INFO node $i of 2 (host node$i" "node $i: the agents numbered the nodes"
+  done
+  grep_log "$LOGS/node0.log" "hosting the rendezvous store" "node 0 (the endpoint's host) hosts the agents' store"
+  # 2 nodes x 2 ranks: the large allreduce goes hierarchical (shm inside, tcp across).
+  grep -m1 "allreduce: 1048576 bytes" "$LOGS/node0.log"
+  grep_log "$LOGS/node0.log" "allreduce: 1048576 bytes.*algorithm hierarchical" "the large allreduce is hierarchical"
+  ;;
+3x1)
+  nodes_up 3
+  run_job 3 1 120 -- "$BIN/collectives_check" --count 262144
+  check_collectives 3 1
+  for i in 0 1 2; do
+    grep_log "$LOGS/node$i.log" "via tcp" "node $i: tcp between nodes"
+    if grep -q "via shm" "$LOGS/node$i.log"; then fail "node $i: shm between different nodes"; fi
+  done
+  ;;
+hostnames)
+  nodes_up 2
+  nodes_hosts
+  EP_HOST=node0 run_job 2 2 120 -- "$BIN/collectives_check" --count 65536
+  check_collectives 2 2
+  grep_log "$LOGS/node1.log" "MASTER_ADDR=node0 " "the workers meet at node0 by name"
+  grep_log "$LOGS/node0.log" "hosting the rendezvous store on 0.0.0.0:29400" "node0 listens on every address, not on 127.0.1.1 only"
+  ;;
+ifname)
+  nodes_up 2 2
+  for i in 0 1; do
+    eval "TX_$i=$(ip netns exec "$(node_ns $i)" cat /sys/class/net/eth1/statistics/tx_bytes)"
+  done
+  run_job 2 1 120 CCLITE_SOCKET_IFNAME=eth1 -- "$BIN/collectives_check" --count 1048576
+  check_collectives 2 1
+  for i in 0 1; do
+    f="$LOGS/node$i.log"
+    grep_log "$f" "tcp: listening on $(node_addr "$i" 1):[0-9]*, interface CCLITE_SOCKET_IFNAME='eth1' selects eth1" "node $i: the tcp transport listens on eth1"
+    grep_log "$f" "node address $(node_addr "$i" 1): CCLITE_SOCKET_IFNAME='eth1' selects eth1" "node $i: the agent publishes eth1's address"
+    eval "before=\$TX_$i"
+    after=$(ip netns exec "$(node_ns $i)" cat /sys/class/net/eth1/statistics/tx_bytes)
+    # The large allreduce alone moves 4 MiB out of each of 2 nodes.
+    [ $((after - before)) -gt 4000000 ] || fail "node $i: only $((after - before)) bytes left through eth1"
+  done
+  grep_log "$LOGS/node1.log" "MASTER_ADDR=$(node_addr 0 1) " "workers meet at node 0's eth1 address"
+  ;;
+ifname_auto)
+  nodes_up 2 2
+  EP_NET=1 run_job 2 1 120 -- "$BIN/collectives_check" --count 65536
+  check_collectives 2 1
+  for i in 0 1; do
+    grep_log "$LOGS/node$i.log" "tcp: listening on $(node_addr "$i" 1):[0-9]*, interface eth1 $(node_addr "$i" 1) (CCLITE_SOCKET_IFNAME unset: the interface that routes to the rendezvous host $(node_addr 0 1)" "node $i: the data path follows the route to the rendezvous host"
+  done
+  ;;
+ifname_wrong)
+  nodes_up 2 2
+  run_job 2 1 60 CCLITE_SOCKET_IFNAME=bogus0 -- "$BIN/collectives_check"
+  for i in 0 1; do
+    eval "rc=\$RC_$i"
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "node $i: exit status $rc, wanted an error (not 0, not the timeout's 124)"
+    grep_log "$LOGS/node$i.log" "CCLITE_SOCKET_IFNAME='bogus0' selects no interface" "node $i: the message names the variable"
+    grep_log "$LOGS/node$i.log" "eth1 $(node_addr "$i" 1)" "node $i: the message lists the interfaces"
+    mv "$LOGS/node$i.log" "$LOGS/bogus-node$i.log"
+  done
+  run_job 2 1 60 CCLITE_SOCKET_IFNAME==lo -- "$BIN/collectives_check"
+  for i in 0 1; do
+    eval "rc=\$RC_$i"
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "node $i with lo: exit status $rc, wanted an error"
+    grep_log "$LOGS/node$i.log" "a loopback address, but the job spans several hosts" "node $i: lo is refused with a reason"
+  done
+  ;;
+agent_killed)
+  nodes_up 2
+  # kill_agent V: start the job, SIGKILL node V's agent mid-job; the other
+  # node must fail (not time out) naming nodeV, and nothing of node V is left.
+  kill_agent() {
+    v=$1; o=$((1 - $1))
+    i=0
+    while [ "$i" -lt 2 ]; do
+      node_run "$i" "$LOGS/kill$v-node$i.log" env CCLITE_TIMEOUT=60 "$BIN/cclite-run" --nnodes 2 --nproc-per-node 2 \
+        --rdzv-id "t$$" --rdzv-endpoint "$(node_addr 0):29400" --rdzv-timeout 60 --node-timeout 10 --timeout 200 \
+        "$BIN/collectives_check" --count 65536 --repeat 100000000
+      i=$((i + 1))
+    done
+    n=0
+    until grep -q "iteration 1" "$LOGS/kill$v-node0.log" 2>/dev/null && grep -q "iteration 1" "$LOGS/kill$v-node1.log" 2>/dev/null; do
+      n=$((n + 1))
+      [ "$n" -lt 300 ] || { fail "the job never got going"; finish; }
+      sleep 0.2
+    done
+    eval "kill -9 \$NODE_PID_$v"
+    node_wait "$o" 120
+    node_wait "$v" 5
+    eval "rc=\$NODE_RC_$o"
+    [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "node $o: exit status $rc, wanted non-zero before the timeout"
+    # Whichever notices first names node V: a worker's peer_lost, or the agent (heartbeat, or the store gone).
+    grep_log "$LOGS/kill$v-node$o.log" "lost.*node$v\|node$v.*lost\|lost the rendezvous store.*host node$v" "node $o names the lost node$v"
+    grep_log "$LOGS/kill$v-node$o.log" "^cclite-run: " "node $o's cclite-run reports the failure"
+    # Node V's workers died with their agent (PR_SET_PDEATHSIG): nothing of it is left.
+    n=0
+    while [ -n "$(ip netns pids "$(node_ns "$v")")" ] && [ "$n" -lt 50 ]; do
+      n=$((n + 1))
+      sleep 0.1
+    done
+    left=$(ip netns pids "$(node_ns "$v")" | wc -l)
+    [ "$left" = 0 ] || fail "$left processes left on node $v after its agent died"
+  }
+  kill_agent 1   # a node
+  kill_agent 0   # the node that hosts the agents' store
+  ;;
+elastic)
+  nodes_up 3
+  # The first attempt runs until killed; the restarted one checks and ends.
+  prog='if [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exec "$0" --count 65536 --repeat 100000000; fi; exec "$0" --count 65536'
+  i=0
+  while [ "$i" -lt 3 ]; do
+    node_run "$i" "$LOGS/node$i.log" env CCLITE_TIMEOUT=60 CCLITE_DEBUG=INFO "$BIN/cclite-run" --nnodes 2:3 \
+      --nproc-per-node 1 --rdzv-id "t$$" --rdzv-endpoint "$(node_addr 0):29400" --rdzv-timeout 60 \
+      --node-timeout 5 --rdzv-last-call 2 --max-restarts 1 --timeout 200 \
+      /bin/sh -c "$prog" "$BIN/collectives_check"
+    i=$((i + 1))
+  done
+  n=0
+  until [ "$(cat "$LOGS"/node*.log 2>/dev/null | grep -c "iteration 1")" = 3 ]; do
+    n=$((n + 1))
+    [ "$n" -lt 300 ] || { fail "the job never got going"; finish; }
+    sleep 0.2
+  done
+  # Any node but the store's host (node 0) may go; node 2 does.
+  kill -9 "$NODE_PID_2"
+  node_wait 0 150
+  node_wait 1 30
+  node_wait 2 5
+  RC_0=$NODE_RC_0
+  RC_1=$NODE_RC_1
+  for i in 0 1; do
+    f="$LOGS/node$i.log"
+    grep_log "$f" "restarting the workers (restart 1 of 1)" "node $i restarted"
+    grep_log "$f" "round 1" "node $i met the others again"
+    grep_log "$f" "collectives_check: rank $i of 2 on node$i: [0-9]* checks passed" "node $i: the 2-node job passed"
+    eval "rc=\$RC_$i"
+    [ "$rc" = 0 ] || fail "node $i: cclite-run exited $rc"
+  done
+  ;;
+rdzv_id)
+  nodes_up 2
+  node_run 0 "$LOGS/node0.log" env CCLITE_TIMEOUT=60 "$BIN/cclite-run" --nnodes 2 --rdzv-id "job$$" \
+    --rdzv-endpoint "$(node_addr 0):29400" --rdzv-timeout 60 --timeout 120 "$BIN/collectives_check" --count 4096
+  node_run 1 "$LOGS/other.log" "$BIN/cclite-run" --nnodes 2 --rdzv-id "other$$" \
+    --rdzv-endpoint "$(node_addr 0):29400" --rdzv-timeout 60 --timeout 60 /bin/true
+  node_wait 1 90
+  [ "$NODE_RC_1" = 1 ] || fail "the other job's agent exited $NODE_RC_1, wanted 1"
+  grep_log "$LOGS/other.log" "belongs to job 'job$$' but this agent was started with --rdzv-id other$$" "the refusal names both ids"
+  node_run 1 "$LOGS/node1.log" env CCLITE_TIMEOUT=60 "$BIN/cclite-run" --nnodes 2 --rdzv-id "job$$" \
+    --rdzv-endpoint "$(node_addr 0):29400" --rdzv-timeout 60 --timeout 120 "$BIN/collectives_check" --count 4096
+  node_wait 0 150
+  node_wait 1 30
+  RC_0=$NODE_RC_0
+  RC_1=$NODE_RC_1
+  check_collectives 2 1
+  ;;
+*)
+  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|elastic|rdzv_id"
+  exit 2
+  ;;
+esac
+finish

@@ -1,0 +1,96 @@
+# Sanitizer runs of the multi-process fault tests (issue 6), as ctest cases:
+#
+#   sanitize_asan_ubsan   AddressSanitizer + UndefinedBehaviorSanitizer
+#   sanitize_tsan         ThreadSanitizer
+#
+# Each configures this source tree again in <build>/tests/san-<name> with
+# -DCCLITE_SANITIZE=<list> (-O1 -g), builds ONE test program there
+# (CCLITE_SANITIZE_TARGET, default fault_test: real processes over shm and
+# TCP, threads for abort() and the async queue) and runs it. Any report fails
+# the test: every sanitizer halts on its first error, in the forked ranks too
+# (they leave with _exit, where an exit-time report would be lost). One
+# program keeps CI within its budget; README's "Failure behaviour" gives the
+# times. Label "sanitize": `ctest -L sanitize`, or `-LE sanitize` to skip.
+#
+# The same file does three jobs:
+#   - included from tests/CMakeLists.txt in a build with CCLITE_SANITIZE set:
+#     instruments every test program of that build;
+#   - included in an ordinary build: registers the two ctest cases;
+#   - run with `cmake -P` by those cases: configure, build, run.
+
+if(CMAKE_SCRIPT_MODE_FILE)
+  # ---- cmake -P: one sanitizer run ------------------------------------------------
+  foreach(v SRC BIN SAN TARGET)
+    if(NOT DEFINED ${v})
+      message(FATAL_ERROR "sanitizers.cmake: -D${v}=... is required")
+    endif()
+  endforeach()
+  string(TIMESTAMP t0 "%s")
+  set(cfg "${CMAKE_COMMAND}" -S "${SRC}" -B "${BIN}" "-DCCLITE_SANITIZE=${SAN}"
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g"
+      -DCCLITE_BUILD_SAMPLES=OFF -DCCLITE_BUILD_BENCH=OFF -DCCLITE_BUILD_TOOLS=OFF)
+  if(GENERATOR)
+    list(APPEND cfg -G "${GENERATOR}")
+  endif()
+  if(CXX_COMPILER)
+    list(APPEND cfg "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}")
+  endif()
+  execute_process(COMMAND ${cfg} RESULT_VARIABLE rc OUTPUT_QUIET)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "configuring the ${SAN} build in ${BIN} failed")
+  endif()
+  execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BIN}" --target "${TARGET}" RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "building ${TARGET} with -fsanitize=${SAN} failed")
+  endif()
+  string(TIMESTAMP t1 "%s")
+  # halt_on_error everywhere: a forked rank that _exit()s would lose an
+  # exit-time report; second_deadlock_stack helps read TSan's lock reports.
+  set(ENV{ASAN_OPTIONS} "halt_on_error=1:abort_on_error=1:detect_leaks=1")
+  set(ENV{UBSAN_OPTIONS} "halt_on_error=1:abort_on_error=1:print_stacktrace=1")
+  set(ENV{TSAN_OPTIONS} "halt_on_error=1:abort_on_error=1:second_deadlock_stack=1")
+  execute_process(COMMAND "${BIN}/bin/${TARGET}" ${ARGS} RESULT_VARIABLE rc)
+  string(TIMESTAMP t2 "%s")
+  math(EXPR build_s "${t1} - ${t0}")
+  math(EXPR run_s "${t2} - ${t1}")
+  message(STATUS "-fsanitize=${SAN}: configure+build ${build_s} s, run ${run_s} s")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${TARGET} under -fsanitize=${SAN} failed (${rc})")
+  endif()
+  return()
+endif()
+
+if(CCLITE_SANITIZE)
+  # ---- a sanitizer build: instrument the test programs ------------------------------
+  string(REPLACE "," ";" _san_list "${CCLITE_SANITIZE}")
+  set(_san_flags -fsanitize=${CCLITE_SANITIZE} -fno-omit-frame-pointer)
+  if("undefined" IN_LIST _san_list)
+    list(APPEND _san_flags -fno-sanitize-recover=all)
+  endif()
+  if("thread" IN_LIST _san_list AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    # GCC warns at every atomic_thread_fence (the shm FIFOs' publication
+    # fences); TSan does not model fences, the atomics around them are seen.
+    list(APPEND _san_flags -Wno-tsan)
+  endif()
+  add_compile_options(${_san_flags})
+  add_link_options(-fsanitize=${CCLITE_SANITIZE})
+  return()
+endif()
+
+# ---- an ordinary build: register the sanitizer runs ----------------------------------
+set(CCLITE_SANITIZE_TARGET fault_test CACHE STRING "Test program the sanitizer ctest cases build and run")
+option(CCLITE_SANITIZE_TESTS "Register the sanitizer ctest cases (sanitize_*)" ON)
+if(CCLITE_SANITIZE_TESTS AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND NOT CMAKE_CROSSCOMPILING)
+  foreach(_san IN ITEMS "asan_ubsan|address,undefined" "tsan|thread")
+    string(REPLACE "|" ";" _san "${_san}")
+    list(GET _san 0 _name)
+    list(GET _san 1 _flags)
+    add_test(NAME sanitize_${_name}
+      COMMAND ${CMAKE_COMMAND} "-DSRC=${PROJECT_SOURCE_DIR}" "-DBIN=${CMAKE_CURRENT_BINARY_DIR}/san-${_name}"
+              "-DSAN=${_flags}" "-DTARGET=${CCLITE_SANITIZE_TARGET}" "-DGENERATOR=${CMAKE_GENERATOR}"
+              "-DCXX_COMPILER=${CMAKE_CXX_COMPILER}"
+              -P ${CMAKE_CURRENT_LIST_FILE})
+    # Building takes most of the time; the runs use generous hang guards.
+    set_tests_properties(sanitize_${_name} PROPERTIES TIMEOUT 900 LABELS sanitize)
+  endforeach()
+endif()

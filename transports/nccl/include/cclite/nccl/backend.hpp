@@ -1,0 +1,366 @@
+// cclite/nccl/backend.hpp - whole collectives on device buffers, run by NCCL.
+//
+//   auto kv = cclite::file_store::open("/shared/rdzv/job42").value();
+//   auto nccl = cclite::nccl::backend::create(*kv, rank, size).value();
+//   nccl->allreduce(d_grad, d_grad, n, cclite::dtype::bfloat16, cclite::reduce_op::avg, stream);
+//   cclite::check(nccl->synchronize(stream));   // bounded by CCLITE_TIMEOUT
+//
+// Set-up goes through cclite's own store (types.hpp: rank 0's ncclUniqueId is
+// shared as a store value), so a job started by cclite-run, torchrun, mpirun or
+// srun gets an NCCL communicator without MPI. The communicator is created
+// non-blocking (ncclConfig_t::blocking = 0): every NCCL call returns at once
+// and cclite polls ncclCommGetAsyncError against a deadline, aborting the
+// communicator (ncclCommAbort) when it passes, so a missing or dead rank gives
+// errc::timeout on the ranks that wait, never a hang.
+//
+// Calls are stream-ordered: they enqueue on `stream` and return without waiting
+// for the GPU. `synchronize(stream)` waits with the deadline. All ranks must make
+// the same calls in the same order (NCCL's rule; mismatches are not detected
+// here: they hang until the deadline). After a timeout, peer loss or abort the
+// backend is unusable: every later call returns that error.
+//
+// Buffers must be device (or managed) memory; a host pointer is
+// errc::invalid_argument naming the argument (options::check_pointers = false
+// skips the check, ~1 us a pointer). Thread safety: one thread at a time, except
+// request_abort(), which any thread may call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <cclite/bootstrap/store.hpp>
+#include <cclite/core/env.hpp>
+#include <cclite/cuda/runtime.hpp>
+#include <cclite/nccl/types.hpp>
+
+namespace cclite::nccl {
+
+struct options {
+  /// CUDA device of this rank; -1: LOCAL_RANK (CCLITE_LOCAL_RANK first) modulo the
+  /// device count, else device 0.
+  int device = -1;
+  /// Bound on init and on every wait; -2: CCLITE_TIMEOUT; -1: none.
+  milliseconds timeout{-2};
+  /// Store key of this communicator's unique id; one per communicator on a store.
+  std::string key = "cclite/nccl/unique_id";
+  /// Reject host pointers with invalid_argument (one cudaPointerGetAttributes each).
+  bool check_pointers = true;
+};
+
+class backend {
+ public:
+  /// Joins the NCCL communicator of `size` ranks met through `kv`. Errors:
+  /// unsupported (no CUDA device: checked before touching the store, so every
+  /// rank of a GPU-less job fails at once), invalid_argument (rank, size,
+  /// device), timeout (a rank never came), system_error (NCCL / CUDA failure).
+  static result<std::unique_ptr<backend>> create(store& kv, int rank, int size, options opts = {}) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      return make_error(errc::invalid_argument, "nccl::backend: rank %d of size %d", rank, size);
+    }
+    milliseconds to = opts.timeout;
+    if (to.count() == -2) {
+      auto t = env::timeout();
+      if (!t) return t.error();
+      to = t.value();
+    }
+    const deadline until = deadline::after(to);
+    auto count = cuda::device_count();
+    if (!count) {
+      return make_error(count.error().code(), "nccl::backend rank %d: %s", rank,
+                        count.error().message().c_str());
+    }
+    int dev = opts.device;
+    if (dev < 0) {
+      const char* lr = env::raw("LOCAL_RANK", false);
+      if (!lr) lr = std::getenv("LOCAL_RANK");
+      dev = lr ? std::atoi(lr) % count.value() : 0;
+    }
+    CCLITE_TRY(cuda::set_device(dev));
+    auto id = exchange_unique_id(kv, opts.key, rank, until);
+    if (!id) return id.error();
+
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // every call returns; we poll with a deadline (file comment)
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, size, id.value(), rank, &config);
+    std::unique_ptr<backend> b(new backend(comm, rank, size, dev, to, opts.check_pointers));
+    if (r != ncclSuccess && r != ncclInProgress) {
+      status s = nccl_status(r, "ncclCommInitRankConfig", comm);  // before abort frees comm
+      b->abort();
+      return s;
+    }
+    CCLITE_TRY(b->wait_async("ncclCommInitRankConfig (did every rank call create()?)", until));
+    // Spelled out: nvcc's C++17 front end does not move into result's constructor.
+    return result<std::unique_ptr<backend>>(std::move(b));
+  }
+
+  backend(const backend&) = delete;
+  backend& operator=(const backend&) = delete;
+
+  /// Flushes and frees the communicator (ncclCommFinalize, bounded by the
+  /// timeout; aborts it when that passes).
+  ~backend() {
+    if (!comm_) return;
+    if (failed_.ok() && !abort_requested_.load()) {
+      const ncclResult_t r = ncclCommFinalize(comm_);
+      if ((r == ncclSuccess || r == ncclInProgress) &&
+          wait_async("ncclCommFinalize", deadline::after(timeout_)).ok()) {
+        (void)ncclCommDestroy(comm_);
+        return;
+      }
+    }
+    if (comm_) (void)ncclCommAbort(comm_);  // wait_async's failure may have done it already
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  int device() const noexcept { return device_; }
+  ncclComm_t native_handle() const noexcept { return comm_; }
+
+  /// recv[i] = op over ranks of send[i]; send == recv is in place.
+  status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
+                   cudaStream_t stream) {
+    CCLITE_TRY(check_buffers("allreduce", send, recv, count));
+    auto dt = to_nccl(t);
+    auto o = to_nccl(op);
+    if (!dt) return dt.error();
+    if (!o) return o.error();
+    return run("ncclAllReduce", [&] {
+      return ncclAllReduce(send, recv, count, dt.value(), o.value(), comm_, stream);
+    });
+  }
+
+  /// recv = root's send on every rank (send is read on the root only).
+  status broadcast(const void* send, void* recv, std::size_t count, dtype t, int root,
+                   cudaStream_t stream) {
+    CCLITE_TRY(check_root("broadcast", root));
+    CCLITE_TRY(check_buffers("broadcast", rank_ == root ? send : recv, recv, count));
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    return run("ncclBroadcast", [&] {
+      return ncclBroadcast(send, recv, count, dt.value(), root, comm_, stream);
+    });
+  }
+
+  /// recv on `root` = op over ranks of send (recv is written on the root only).
+  status reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root,
+                cudaStream_t stream) {
+    CCLITE_TRY(check_root("reduce", root));
+    CCLITE_TRY(check_buffers("reduce", send, rank_ == root ? recv : send, count));
+    auto dt = to_nccl(t);
+    auto o = to_nccl(op);
+    if (!dt) return dt.error();
+    if (!o) return o.error();
+    return run("ncclReduce", [&] {
+      return ncclReduce(send, recv, count, dt.value(), o.value(), root, comm_, stream);
+    });
+  }
+
+  /// recv (size * count elements) = every rank's send (count elements), in rank order.
+  status allgather(const void* send, void* recv, std::size_t count, dtype t, cudaStream_t stream) {
+    CCLITE_TRY(check_buffers("allgather", send, recv, count));
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    return run("ncclAllGather", [&] {
+      return ncclAllGather(send, recv, count, dt.value(), comm_, stream);
+    });
+  }
+
+  /// recv (count elements) = op over ranks of this rank's slice of send (size * count).
+  status reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
+                        cudaStream_t stream) {
+    CCLITE_TRY(check_buffers("reduce_scatter", send, recv, count));
+    auto dt = to_nccl(t);
+    auto o = to_nccl(op);
+    if (!dt) return dt.error();
+    if (!o) return o.error();
+    return run("ncclReduceScatter", [&] {
+      return ncclReduceScatter(send, recv, count, dt.value(), o.value(), comm_, stream);
+    });
+  }
+
+  /// Block p of send (count elements) goes to rank p, arriving as block `rank` of
+  /// its recv. NCCL has no alltoall: grouped ncclSend/ncclRecv, as nccl-tests does.
+  status alltoall(const void* send, void* recv, std::size_t count, dtype t, cudaStream_t stream) {
+    CCLITE_TRY(check_buffers("alltoall", send, recv, count));
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    const std::size_t block = count * size_of(t);
+    return run("ncclGroupEnd (alltoall)", [&] {
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < size_ && (r == ncclSuccess || r == ncclInProgress); ++p) {
+        r = ncclSend(static_cast<const char*>(send) + block * static_cast<std::size_t>(p), count,
+                     dt.value(), p, comm_, stream);
+        if (r == ncclSuccess || r == ncclInProgress) {
+          r = ncclRecv(static_cast<char*>(recv) + block * static_cast<std::size_t>(p), count,
+                       dt.value(), p, comm_, stream);
+        }
+      }
+      ncclResult_t e = ncclGroupEnd();  // always closes the group, even after an error
+      return r == ncclSuccess || r == ncclInProgress ? e : r;
+    });
+  }
+
+  /// Point to point; the peer must make the matching recv / send.
+  status send(const void* buf, std::size_t count, dtype t, int peer, cudaStream_t stream) {
+    CCLITE_TRY(check_root("send", peer));
+    CCLITE_TRY(check_buffers("send", buf, buf, count));
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    return run("ncclSend", [&] { return ncclSend(buf, count, dt.value(), peer, comm_, stream); });
+  }
+  status recv(void* buf, std::size_t count, dtype t, int peer, cudaStream_t stream) {
+    CCLITE_TRY(check_root("recv", peer));
+    CCLITE_TRY(check_buffers("recv", buf, buf, count));
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    return run("ncclRecv", [&] { return ncclRecv(buf, count, dt.value(), peer, comm_, stream); });
+  }
+
+  /// Sends `sendcount` elements to `dst` and receives `recvcount` from `src` in one
+  /// NCCL group (so a ring shift, or a send to oneself, cannot deadlock).
+  status sendrecv(const void* sendbuf, std::size_t sendcount, int dst, void* recvbuf,
+                  std::size_t recvcount, int src, dtype t, cudaStream_t stream) {
+    CCLITE_TRY(check_root("sendrecv", dst));
+    CCLITE_TRY(check_root("sendrecv", src));
+    CCLITE_TRY(check_buffers("sendrecv", sendbuf, sendbuf, sendcount));
+    CCLITE_TRY(check_buffers("sendrecv", recvbuf, recvbuf, recvcount));
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    return run("ncclGroupEnd (sendrecv)", [&] {
+      ncclResult_t r = ncclGroupStart();
+      if (r == ncclSuccess || r == ncclInProgress) r = ncclSend(sendbuf, sendcount, dt.value(), dst, comm_, stream);
+      if (r == ncclSuccess || r == ncclInProgress) r = ncclRecv(recvbuf, recvcount, dt.value(), src, comm_, stream);
+      ncclResult_t e = ncclGroupEnd();
+      return r == ncclSuccess || r == ncclInProgress ? e : r;
+    });
+  }
+
+  /// Waits until all work on `stream` has finished, or the timeout passes
+  /// (then the communicator is aborted and every rank waiting on this one gets
+  /// its own timeout or peer_lost). Polls NCCL's asynchronous error meanwhile, so a
+  /// failed peer ends the wait at once.
+  status synchronize(cudaStream_t stream) {
+    CCLITE_TRY(failed_);
+    const deadline until = deadline::after(timeout_);
+    for (int spins = 0;; ++spins) {
+      cudaError_t e = cudaStreamQuery(stream);
+      if (e == cudaSuccess) return status();
+      if (e != cudaErrorNotReady) return fail(cuda::cuda_status(e, "cudaStreamQuery"));
+      ncclResult_t async = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        return fail(nccl_status(async, "NCCL asynchronous error", comm_));
+      }
+      CCLITE_TRY(check_wait("synchronize", until));
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  /// Aborts the NCCL communicator now (ncclCommAbort); later calls return aborted.
+  void abort() noexcept {
+    abort_requested_.store(true);
+    if (failed_.ok()) failed_ = status(errc::aborted, "nccl::backend: abort() was called");
+    if (comm_) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  /// From any thread: makes the current or next wait of the owning thread abort
+  /// the communicator and return aborted within about a millisecond.
+  void request_abort() noexcept { abort_requested_.store(true); }
+
+ private:
+  backend(ncclComm_t comm, int rank, int size, int device, milliseconds timeout, bool check)
+      : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(timeout),
+        check_pointers_(check) {}
+
+  status fail(status s) {
+    if (failed_.ok()) failed_ = s;
+    if (comm_) (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    return s;
+  }
+
+  status check_wait(const char* what, deadline until) {
+    if (abort_requested_.load()) {
+      return fail(status(errc::aborted, std::string("nccl::backend: ") + what +
+                                            ": aborted by request_abort()"));
+    }
+    if (until.expired()) {
+      return fail(make_error(errc::timeout,
+                             "nccl::backend rank %d: %s did not finish within %lld ms "
+                             "(CCLITE_TIMEOUT); NCCL communicator aborted. A rank that never "
+                             "made the same call, or died, is the usual cause",
+                             rank_, what, static_cast<long long>(timeout_.count())));
+    }
+    return status();
+  }
+
+  // Non-blocking communicators report ncclInProgress until an operation has been
+  // fully enqueued (or init has finished); this waits for the final result.
+  status wait_async(const char* what, deadline until) {
+    for (int spins = 0;; ++spins) {
+      ncclResult_t async = ncclInProgress;
+      ncclResult_t r = ncclCommGetAsyncError(comm_, &async);
+      if (r != ncclSuccess) return fail(nccl_status(r, "ncclCommGetAsyncError", comm_));
+      if (async == ncclSuccess) return status();
+      if (async != ncclInProgress) return fail(nccl_status(async, what, comm_));
+      CCLITE_TRY(check_wait(what, until));
+      if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  template <class F>
+  status run(const char* what, F&& call) {
+    ncclResult_t r = call();
+    if (r == ncclInProgress) return wait_async(what, deadline::after(timeout_));
+    if (r != ncclSuccess) return fail(nccl_status(r, what, comm_));
+    return status();
+  }
+
+  status check_root(const char* what, int root) const {
+    if (root < 0 || root >= size_) {
+      return make_error(errc::invalid_argument, "%s: rank %d out of range [0, %d)", what, root, size_);
+    }
+    return status();
+  }
+
+  status check_buffers(const char* what, const void* send, const void* recv, std::size_t count) {
+    CCLITE_TRY(failed_);
+    if (!comm_) return status(errc::aborted, "nccl::backend: communicator already aborted");
+    if (count == 0) return status();
+    if (!send || !recv) {
+      return make_error(errc::invalid_argument, "%s: null buffer with count %zu", what, count);
+    }
+    if (check_pointers_) {
+      for (const void* p : {send, recv}) {
+        const auto info = cuda::query_pointer(p);
+        if (info.kind == cuda::memory_kind::host || info.kind == cuda::memory_kind::pinned_host) {
+          return make_error(errc::invalid_argument,
+                            "%s: buffer %p is %s memory; NCCL needs device (cudaMalloc) or "
+                            "managed memory: copy it to the device first, or use the CPU "
+                            "communicator for host buffers",
+                            what, p, cuda::to_string(info.kind));
+        }
+      }
+    }
+    return status();
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+  int device_ = 0;
+  milliseconds timeout_;
+  bool check_pointers_ = true;
+  status failed_;
+  std::atomic<bool> abort_requested_{false};
+};
+
+}  // namespace cclite::nccl

@@ -1,0 +1,233 @@
+// cclite/shm/direct.hpp - shm-direct allreduce: every rank of a node reduces
+// its slice straight from its peers' shared buffers.
+//
+// Each member owns one segment "/cclite-<job>-direct-<rank>" that every other
+// member maps: a header with two step counters, an input area and a result
+// area of `capacity` bytes each. One allreduce moves the buffer in pieces of
+// at most `capacity` bytes; per piece, with `step` counting pieces:
+//
+//   1. copy my piece into my input area;       published = step
+//   2. wait until every member published step
+//   3. reduce my slice (1/L of the piece) across all input areas, in member
+//      order, into my result area;              reduced = step
+//   4. wait until every member reduced step; copy each member's result slice
+//      into my output
+//
+// No ring hops: each byte crosses the memory bus a fixed number of times
+// whatever L is, and a piece costs two synchronisations instead of 2(L-1)
+// FIFO handshakes. Areas are reused safely without more flags: a member
+// overwrites its input area (step 1 of the next piece) only after step 4,
+// i.e. after everyone reduced, i.e. after everyone read it; it overwrites its
+// result area (step 3 of the next piece) only after everyone published the
+// next piece, i.e. after everyone finished copying the previous results.
+// Each slice is computed by one member, so results are bitwise identical.
+//
+// Waits poll the peers' counters (they are a few cache lines), then yield,
+// then sleep in short slices, checking the deadline, the abort flag and the
+// peers' liveness: a killed member is peer_lost, never a hang.
+#pragma once
+
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cclite/algorithm/schedule.hpp>
+#include <cclite/config.hpp>
+#include <cclite/core/bytes.hpp>
+#include <cclite/bootstrap/store.hpp>
+#include <cclite/core/clock.hpp>
+#include <cclite/core/reduce.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/shm/doorbell.hpp>
+#include <cclite/shm/link.hpp>
+#include <cclite/shm/segment.hpp>
+#include <cclite/topology/peer_info.hpp>
+
+namespace cclite::shm {
+
+class direct_group {
+  struct member {
+    int rank = -1;
+    int watch_pid = 0;  // 0: not watchable (another pid namespace)
+    std::string name;   // "rank 3 (node1, pid 4242)"
+  };
+
+ public:
+  /// Collective over `members` (the peer_info of every member, the same list
+  /// in the same order on each; `me` is this rank's index in it). `kv` is the
+  /// communicator's store, where the shm transport published each rank's pid
+  /// namespace; `job_tag` makes segment names unique per job.
+  static result<std::unique_ptr<direct_group>> create(store& kv, const std::string& job_tag,
+                                                       const std::vector<peer_info>& members, int me,
+                                                       std::size_t capacity,
+                                                       const std::atomic<bool>* aborted,
+                                                       std::chrono::nanoseconds spin, deadline until) {
+    std::unique_ptr<direct_group> g(new direct_group);
+    g->me_ = me;
+    g->cap_ = std::max<std::size_t>(max_dtype_size, align_down(capacity, max_dtype_size));
+    g->aborted_ = aborted;
+    g->spin_ = spin;
+    const std::string my_ns = detail::pid_namespace();
+    for (const peer_info& p : members) {
+      member m;
+      m.rank = p.rank;
+      m.name = p.describe();
+      // A pid in another pid namespace means nothing here (see transport.hpp).
+      auto ns = kv.get("shm/pidns/" + std::to_string(p.rank), until);
+      if (!ns) return ns.error();
+      m.watch_pid = ns.value() == my_ns ? p.pid : 0;
+      g->members_.push_back(std::move(m));
+    }
+    const std::size_t bytes = header_bytes + 2 * g->cap_;
+    const int my_rank = g->members_[static_cast<std::size_t>(me)].rank;
+    std::string tag;
+    for (char c : job_tag)
+      if (tag.size() < 150) tag += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-') ? c : '_';
+    const std::string name = "/cclite-" + tag + "-direct-" + std::to_string(my_rank);
+    auto own = segment::create(name, bytes);
+    if (!own) return own.error();
+    g->segs_.resize(g->members_.size());
+    g->segs_[static_cast<std::size_t>(me)] = std::move(own.value());
+    CCLITE_TRY(kv.set("shmdirect/" + std::to_string(my_rank), name));
+    for (std::size_t i = 0; i < g->members_.size(); ++i) {
+      if (static_cast<int>(i) == me) continue;
+      auto peer_name = kv.get("shmdirect/" + std::to_string(g->members_[i].rank), until);
+      if (!peer_name) return peer_name.error();
+      auto s = segment::open(peer_name.value(), bytes);
+      if (!s) return s.error();
+      g->segs_[i] = std::move(s.value());
+    }
+    // Once everyone mapped every segment, the names can go: nothing is left in
+    // /dev/shm if a member is killed later.
+    CCLITE_TRY(kv.set("shmdirect/mapped/" + std::to_string(my_rank), "1"));
+    for (const member& m : g->members_) {
+      auto ok = kv.get("shmdirect/mapped/" + std::to_string(m.rank), until);
+      if (!ok) return ok.error();
+    }
+    CCLITE_TRY(g->segs_[static_cast<std::size_t>(me)].unlink());
+    return g;
+  }
+
+  std::size_t capacity() const noexcept { return cap_; }
+  /// The tag member `m` published with its last allreduce (see allreduce()).
+  const std::uint8_t* tag_of(int m) const { return tag_slot(m); }
+
+  /// Bytes of the caller's tag that allreduce() can compare across members.
+  static constexpr std::size_t max_tag_bytes = 48;
+
+  /// recv = reduction of every member's send (count elements); send may equal
+  /// recv. Collective over the group; pieces of at most capacity() bytes.
+  /// With `tag` (tag_bytes <= max_tag_bytes: the caller's description of the
+  /// call, collective/mismatch.hpp): every member publishes it with its first
+  /// piece and compares everyone's before reading any input, so members that
+  /// called different things all return errc::mismatch, with `*odd` = a member
+  /// whose tag differs (tag_of() reads it), instead of reducing garbage.
+  status allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, const reduction& red,
+                   int divide_by, deadline until, const std::uint8_t* tag = nullptr, std::size_t tag_bytes = 0,
+                   int* odd = nullptr) {
+    const std::size_t elem = red.elem_size, L = members_.size();
+    const std::size_t piece = cap_ / elem;
+    for (std::size_t at = 0; at < count; at += piece) {
+      const std::size_t n = count - at < piece ? count - at : piece;
+      const std::uint64_t step = ++step_;
+      std::memcpy(input(me_), send + at * elem, n * elem);
+      if (tag && at == 0) std::memcpy(tag_slot(me_), tag, std::min(tag_bytes, max_tag_bytes));
+      counter(me_, 0).store(step, std::memory_order_release);
+      CCLITE_TRY(wait_all(0, step, until));
+      if (tag && at == 0) {
+        for (std::size_t m = 0; m < L; ++m) {
+          if (std::memcmp(tag_slot(static_cast<int>(m)), tag, std::min(tag_bytes, max_tag_bytes)) == 0) continue;
+          if (odd) *odd = static_cast<int>(m);
+          return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
+        }
+      }
+      const segments slices{n, L};
+      const std::size_t off = slices.offset(static_cast<std::size_t>(me_)), len = slices.length(static_cast<std::size_t>(me_));
+      if (len) {
+        std::uint8_t* out = output(me_) + off * elem;
+        if (L == 1) std::memcpy(out, input(0) + off * elem, len * elem);
+        else red.copy(out, input(0) + off * elem, input(1) + off * elem, len);
+        for (std::size_t m = 2; m < L; ++m) red.inplace(out, input(static_cast<int>(m)) + off * elem, len);
+        if (divide_by > 0) red.divide(out, len, divide_by);
+      }
+      counter(me_, 1).store(step, std::memory_order_release);
+      CCLITE_TRY(wait_all(1, step, until));
+      for (std::size_t m = 0; m < L; ++m) {
+        const std::size_t o = slices.offset(m), l = slices.length(m);
+        if (l) std::memcpy(recv + (at + o) * elem, output(static_cast<int>(m)) + o * elem, l * elem);
+      }
+    }
+    return {};
+  }
+
+ private:
+  // Each counter on a cache line of its own.
+  static constexpr std::size_t header_bytes = 128;
+
+  direct_group() = default;
+
+  std::uint8_t* base(int m) const { return static_cast<std::uint8_t*>(segs_[static_cast<std::size_t>(m)].data()); }
+  std::atomic<std::uint64_t>& counter(int m, int which) const {
+    return *reinterpret_cast<std::atomic<std::uint64_t>*>(base(m) + 64 * which);
+  }
+  std::uint8_t* input(int m) const { return base(m) + header_bytes; }
+  // Between the two counters' cache lines' first words: bytes 8..56.
+  std::uint8_t* tag_slot(int m) const { return base(m) + 8; }
+  std::uint8_t* output(int m) const { return base(m) + header_bytes + cap_; }
+
+  // Until every member's counter `which` reached `step`.
+  status wait_all(int which, std::uint64_t step, deadline until) const {
+    const auto start = clock::now();
+    auto last_check = start;
+    int rounds = 0;
+    for (;;) {
+      int behind = -1;
+      for (std::size_t m = 0; m < members_.size() && behind < 0; ++m)
+        if (counter(static_cast<int>(m), which).load(std::memory_order_acquire) < step) behind = static_cast<int>(m);
+      if (behind < 0) return {};
+      const auto now = clock::now();
+      if (now - start < spin_) {
+        detail::cpu_relax();
+        continue;
+      }
+      if (aborted_ && aborted_->load(std::memory_order_relaxed))
+        return make_error(errc::aborted, "shm-direct: aborted");
+      if (now - last_check > std::chrono::milliseconds(10)) {
+        last_check = now;
+        for (const member& m : members_)
+          if (!detail::process_alive(m.watch_pid))
+            return make_error(errc::peer_lost, "shm-direct: %s is gone (process exited or was killed)", m.name.c_str());
+        if (until.expired()) {
+          return make_error(errc::timeout, "shm-direct: %s has not %s piece %llu after %.1f s",
+                            members_[static_cast<std::size_t>(behind)].name.c_str(),
+                            which == 0 ? "published" : "reduced", static_cast<unsigned long long>(step),
+                            std::chrono::duration<double>(now - start).count());
+        }
+      }
+      if (++rounds < 64) {
+        ::sched_yield();
+      } else {
+        struct timespec ts{0, 20000};  // 20 us: a peer descheduled on a busy core
+        ::nanosleep(&ts, nullptr);
+      }
+    }
+  }
+
+  std::vector<member> members_;
+  std::vector<segment> segs_;
+  int me_ = 0;
+  std::size_t cap_ = 0;
+  std::uint64_t step_ = 0;
+  const std::atomic<bool>* aborted_ = nullptr;
+  std::chrono::nanoseconds spin_{std::chrono::microseconds(10)};
+};
+
+}  // namespace cclite::shm
