@@ -28,7 +28,11 @@ if(CMAKE_SCRIPT_MODE_FILE)
   string(TIMESTAMP t0 "%s")
   set(cfg "${CMAKE_COMMAND}" -S "${SRC}" -B "${BIN}" "-DCCLITE_SANITIZE=${SAN}"
       -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g"
-      -DCCLITE_BUILD_SAMPLES=OFF -DCCLITE_BUILD_BENCH=OFF -DCCLITE_BUILD_TOOLS=OFF)
+      -DCCLITE_BUILD_SAMPLES=OFF -DCCLITE_BUILD_BENCH=OFF -DCCLITE_BUILD_TOOLS=OFF
+      # Nothing else of the project is built here: skip the optional parts'
+      # detection and the other sub-build tests' registration.
+      -DCCLITE_WITH_CUDA=OFF -DCCLITE_WITH_NCCL=OFF -DCCLITE_WITH_VERBS=OFF -DCCLITE_WITH_BLAS=OFF
+      -DCCLITE_HEADER_CHECK=OFF -DCCLITE_EMBEDDED_TESTS=OFF -DCCLITE_SANITIZE_TESTS=OFF)
   if(GENERATOR)
     list(APPEND cfg -G "${GENERATOR}")
   endif()
@@ -39,7 +43,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "configuring the ${SAN} build in ${BIN} failed")
   endif()
-  execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BIN}" --target "${TARGET}" RESULT_VARIABLE rc)
+  execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BIN}" -j2 --target "${TARGET}" RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "building ${TARGET} with -fsanitize=${SAN} failed")
   endif()

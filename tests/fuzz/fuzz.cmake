@@ -6,13 +6,13 @@
 #
 # Each test builds its target with clang++ -fsanitize=fuzzer,address,undefined
 # (at test time, so the normal build needs no clang) and runs it for
-# CCLITE_FUZZ_SECONDS (default 15) over a copy of the committed seed corpus
+# CCLITE_FUZZ_SECONDS (default 8) over a copy of the committed seed corpus
 # tests/fuzz/corpus/<target>/ (libFuzzer adds what it finds to the copy, never
 # to the source tree). Without a clang++ that links -fsanitize=fuzzer (Debian:
 # apt-get install clang) the test reports SKIPPED with the reason.
 find_program(CCLITE_FUZZ_CXX NAMES clang++ clang++-19 clang++-18 clang++-17 clang++-16 clang++-15 clang++-14
   DOC "clang++ used to build the libFuzzer targets")
-set(CCLITE_FUZZ_SECONDS 15 CACHE STRING "seconds each libFuzzer target runs in ctest")
+set(CCLITE_FUZZ_SECONDS 8 CACHE STRING "seconds each libFuzzer target runs in ctest")
 
 foreach(_fz store_frame hello)
   add_test(NAME fuzz_${_fz}
