@@ -52,7 +52,7 @@ run_one() {  # ranks algo size -> prints "value pick" (us for 8 B, GB/s otherwis
   # The INFO line of this size's call: "allreduce: <bytes> bytes ...: algorithm <name>"
   pick=$(grep -o "allreduce: $bytes bytes.*algorithm [a-z-]*" "$tmp/err" | head -1 | sed 's/.*algorithm //')
   case $pick in
-    recursive) pick=rd ;; double) pick=tree ;; halving-doubling) pick=rhd ;; hierarchical) pick=hier ;;
+    recursive) pick=rd ;; double) pick=tree ;; halving-doubling) pick=rhd ;; hierarchical) pick=hier ;; shm-direct) pick=direct ;;
   esac
   python3 - "$tmp/j" "$size" "$pick" <<'EOF'
 import json, sys
@@ -69,7 +69,7 @@ median() { python3 -c 'import sys,statistics as s; v=[float(x) for x in sys.argv
 echo "# allreduce per algorithm, $mode, medians of $runs runs (8 B: us; others: busbw GB/s)"
 for n in $ranks; do
   printf '\n%-6s %-6s %10s %10s %10s %10s   %s\n' ranks algo 8B 64K 1M 64M "auto's pick per size"
-  for algo in auto ring tree rd rhd hier; do
+  for algo in ${ALGOS:-auto ring tree rd rhd hier direct}; do
     line=$(printf '%-6s %-6s' "$n" "$algo")
     picks=""
     for size in 8 64K 1M 64M; do

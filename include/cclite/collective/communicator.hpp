@@ -88,7 +88,10 @@ class communicator final : private detail::comm_core<Transports...>, private det
     }
     std::unique_ptr<communicator> c(new communicator(kv, rank, size));
     CCLITE_TRY(c->core::init(std::move(opts)));
-    c->select_.set_direct(has_direct);
+    auto piece = env::get_int("SHM_DIRECT_BUFFSIZE", 1 << 20, false);
+    if (!piece) return piece.error();
+    c->direct_bytes_ = static_cast<std::size_t>(std::max<std::int64_t>(4096, piece.value()));
+    c->select_.set_direct(has_direct, c->direct_bytes_);
     return c;
   }
 
@@ -559,12 +562,10 @@ class communicator final : private detail::comm_core<Transports...>, private det
     if constexpr (has_direct) {
       if (!direct_) {
         CCLITE_TRY(this->agree_on_call(until));  // the set-up below waits for every rank
-        auto cap = env::get_int("SHM_DIRECT_BUFFSIZE", 1 << 20, false);
-        if (!cap) return cap.error();
         auto spin = env::get_int("SHM_SPIN_US", 10, false);
         if (!spin) return spin.error();
         auto g = direct_t::create(*this->kv_, this->ctx_.job_tag, peers_, rank_,
-                                  static_cast<std::size_t>(std::max<std::int64_t>(4096, cap.value())), &aborted_,
+                                  direct_bytes_, &aborted_,
                                   std::chrono::microseconds(spin.value()), until);
         if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
         direct_ = std::move(g.value());
@@ -587,6 +588,7 @@ class communicator final : private detail::comm_core<Transports...>, private det
   }
 
   std::unique_ptr<std::conditional_t<has_direct, direct_t, int>> direct_;
+  std::size_t direct_bytes_ = 1 << 20;  // CCLITE_SHM_DIRECT_BUFFSIZE
   std::unique_ptr<communicator> hier_node_, hier_cross_;
   std::atomic<communicator*> hier_raw_[2] = {};  // for abort() from another thread
 

@@ -88,12 +88,14 @@ class cost_model {
     return intra + ring_allreduce(nodes, bytes / local, chunk);
   }
 
-  // shm-direct: per piece two synchronisations of all ranks; the bytes are
-  // copied in, reduced once (n-1 operand reads per slice) and copied out.
-  double direct_allreduce(int n, double bytes, double piece) const {
-    const double pieces = std::ceil(bytes / piece);
-    return 2.0 * (pieces > 1 ? pieces : 1) * shm_.alpha_us + (2.0 + 1.0 / n) * bytes * shm_.beta_us_per_byte / 2 +
-           bytes * gamma_ / n;
+  // shm-direct, for a message that fits one piece: two polled
+  // synchronisations of all ranks (together about 1.5 FIFO hand-offs: recursive
+  // doubling's single exchange stays ahead at 2 ranks, measured), the
+  // input copied in, 1/n of it reduced and published, all of it copied out.
+  // The selector offers it only up to one piece: beyond the caches the ring's
+  // single streaming pass wins (bench/algorithms.sh, docs/performance.md).
+  double direct_allreduce(int n, double bytes) const {
+    return 1.5 * shm_.alpha_us + (1.0 + 1.0 / n) * bytes * shm_.beta_us_per_byte / 2 + bytes * gamma_ / n;
   }
 
   // ---- broadcast / reduce from one root -------------------------------------------

@@ -129,7 +129,11 @@ class algorithm_selector {
   bool hier_possible() const noexcept { return nodes_ > 1 && local_ > 1; }
   /// Whether shm-direct applies: the communicator has a transport offering a
   /// node-wide group, all ranks share one node, and every link is shm.
-  void set_direct(bool compiled_in) { direct_ = compiled_in && nodes_ == 1 && local_ > 1 && link_kind_ == "shm"; }
+  /// `piece`: the bytes one shm-direct step moves (CCLITE_SHM_DIRECT_BUFFSIZE).
+  void set_direct(bool compiled_in, std::size_t piece) {
+    direct_ = compiled_in && nodes_ == 1 && local_ > 1 && link_kind_ == "shm";
+    direct_piece_ = piece;
+  }
   bool direct_possible() const noexcept { return direct_; }
 
   /// The algorithm for one call of `k` moving `bytes` per rank on `n` ranks.
@@ -150,7 +154,7 @@ class algorithm_selector {
         if (bytes / 2 <= 2 * chunk_bytes_) consider(algorithm::rhd, cost_.rhd_allreduce(n, b));
         consider(algorithm::tree, cost_.tree_allreduce(n, b, c));
         if (hier_possible()) consider(algorithm::hier, cost_.hier_allreduce(local_, nodes_, b, c));
-        if (direct_) consider(algorithm::direct, cost_.direct_allreduce(n, b, direct_piece_));
+        if (direct_ && bytes <= direct_piece_) consider(algorithm::direct, cost_.direct_allreduce(n, b));
         return best;
       }
       case collective_kind::broadcast:
