@@ -151,7 +151,7 @@ elseif(_hc_jobs GREATER 8)
   set(_hc_jobs 8)
 endif()
 add_test(NAME header_check
-  COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} -j2 --target cclite_header_check
+  COMMAND ${CMAKE_COMMAND} --build ${PROJECT_BINARY_DIR} --target cclite_header_check
           --config $<CONFIG> --parallel ${_hc_jobs})
 set_tests_properties(header_check PROPERTIES LABELS "package" TIMEOUT 600 PROCESSORS ${_hc_jobs})
 

@@ -89,7 +89,7 @@ class algorithm_selector {
       else if (name == "auto") a = algorithm::automatic;
       else {
         return make_error(errc::invalid_argument,
-                          "CCLITE_ALGO='%s': unknown algorithm '%s' (use ring, tree, rd, rhd or auto, "
+                          "CCLITE_ALGO='%s': unknown algorithm '%s' (use ring, tree, rd, rhd, hier, direct or auto, "
                           "optionally per collective: allreduce:rhd,broadcast:tree)",
                           spec.c_str(), name.c_str());
       }
