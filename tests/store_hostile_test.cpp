@@ -23,71 +23,14 @@
 
 #include "support/comm.hpp"
 #include "support/mp.hpp"
+#include "support/raw_conn.hpp"
 
 using namespace cclite;
 using std::chrono::milliseconds;
 
 namespace {
 
-// A raw loopback TCP connection: the stranger's side.
-struct raw_conn {
-  int fd = -1;
-  explicit raw_conn(std::uint16_t port) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return;
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  raw_conn(const raw_conn&) = delete;
-  raw_conn& operator=(const raw_conn&) = delete;
-  ~raw_conn() {
-    if (fd >= 0) ::close(fd);
-  }
-  void send(const void* p, std::size_t n) { (void)::send(fd, p, n, MSG_NOSIGNAL); }
-  bool recv_all(void* p, std::size_t n, int ms = 5000) {
-    auto* b = static_cast<char*>(p);
-    auto until = std::chrono::steady_clock::now() + milliseconds(ms);
-    while (n > 0 && std::chrono::steady_clock::now() < until) {
-      pollfd pf{fd, POLLIN, 0};
-      if (::poll(&pf, 1, 50) <= 0) continue;
-      ssize_t k = ::recv(fd, b, n, 0);
-      if (k <= 0) return false;
-      b += k;
-      n -= static_cast<std::size_t>(k);
-    }
-    return n == 0;
-  }
-  // The handshake with `token`; returns the status byte of the answer, -1 on failure.
-  int auth(const std::string& token) {
-    std::uint8_t ch[tcp::proto::auth_frame_bytes];
-    if (!recv_all(ch, sizeof ch)) return -1;
-    tcp::proto::auth_frame f, proof;
-    if (tcp::proto::decode_auth(ch, sizeof ch, tcp::proto::auth_kind::challenge, f)) return -1;
-    proof.kind = tcp::proto::auth_kind::proof;
-    proof.payload = tcp::proto::auth_proof(token, f.payload);
-    auto b = tcp::proto::encode(proof);
-    send(b.data(), b.size());
-    std::uint8_t rb[tcp::proto::reply_header_bytes];
-    if (!recv_all(rb, sizeof rb)) return -1;
-    return rb[5];
-  }
-  // True once the server closed the connection (within `ms`).
-  bool closed_within(int ms) {
-    auto until = std::chrono::steady_clock::now() + milliseconds(ms);
-    char buf[256];
-    while (std::chrono::steady_clock::now() < until) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 50) > 0 && ::recv(fd, buf, sizeof buf, 0) <= 0) return true;
-    }
-    return false;
-  }
-};
+using test::raw_conn;  // the stranger's side
 
 std::vector<std::uint8_t> header(std::uint8_t op, std::uint32_t key_len, std::uint32_t value_len) {
   std::vector<std::uint8_t> h(tcp::proto::request_header_bytes, 0);
@@ -209,7 +152,7 @@ TEST_CASE("tcp store serves its job with 10000 idle connections open") {
     }
     // A stranger among them is still refused.
     raw_conn stranger(port);
-    MP_CHECK(stranger.auth("not-the-token") == int(tcp::proto::reply_status::refused));
+    MP_CHECK(stranger.handshake("not-the-token") == int(tcp::proto::reply_status::refused));
     touch(done);
     return 0;
   }, std::chrono::seconds(280));
@@ -256,29 +199,29 @@ TEST_CASE("garbage and truncated frames at the store port while a 2-rank job run
         }
         {  // a well-formed proof under the wrong token (-1: the job ended and its store with it)
           raw_conn c(port);
-          int st = c.auth("guess-" + std::to_string(rounds));
+          int st = c.handshake("guess-" + std::to_string(rounds));
           if (st != -1) MP_CHECK(st == int(tcp::proto::reply_status::refused));
           if (st == int(tcp::proto::reply_status::refused)) ++refusals;
         }
         {  // an insider with the token: oversized lengths, unknown op, truncated frames
           raw_conn a(port), b(port), d(port), e(port);
-          if (a.auth(token) == 0) {
+          if (a.handshake(token) == 0) {
             auto h = header(1, 0xFFFFFFFFu, 0xFFFFFFFFu);
             a.send(h.data(), h.size());
             MP_CHECK(a.closed_within(5000));
           }
-          if (b.auth(token) == 0) {
+          if (b.handshake(token) == 0) {
             auto h = header(200, 1, 0);
             b.send(h.data(), h.size());
             MP_CHECK(b.closed_within(5000));
           }
-          if (d.auth(token) == 0) {
+          if (d.handshake(token) == 0) {
             auto h = header(1, 8, 60u << 20);  // announces 60 MiB, sends 100 bytes, leaves
             d.send(h.data(), h.size());
             std::vector<std::uint8_t> some(100, 'z');
             d.send(some.data(), some.size());
           }
-          if (e.auth(token) == 0) {
+          if (e.handshake(token) == 0) {
             auto h = header(2, 5, 0);
             e.send(h.data(), 11);  // half a header, then gone
           }

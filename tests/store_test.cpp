@@ -24,6 +24,7 @@
 #include <cclite/tcp/store_server.hpp>
 
 #include "support/mp.hpp"
+#include "support/raw_conn.hpp"
 
 using namespace cclite;
 using cclite::tcp::chosen_interface;
@@ -104,68 +105,7 @@ void check_processes(const std::function<std::unique_ptr<store>()>& open) {
   CHECK_MESSAGE(r.all_ok(), r.describe());
 }
 
-// A raw TCP connection for playing the stranger.
-struct raw_conn {
-  int fd = -1;
-  explicit raw_conn(std::uint16_t port) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      fd = -1;
-    }
-  }
-  ~raw_conn() {
-    if (fd >= 0) ::close(fd);
-  }
-  void send(const void* p, std::size_t n) { (void)::send(fd, p, n, MSG_NOSIGNAL); }
-  // Reads exactly n bytes within 5 s; false on close, error or timeout.
-  bool recv_all(void* p, std::size_t n) {
-    auto* b = static_cast<char*>(p);
-    auto until = std::chrono::steady_clock::now() + milliseconds(5000);
-    while (n > 0 && std::chrono::steady_clock::now() < until) {
-      pollfd pf{fd, POLLIN, 0};
-      if (::poll(&pf, 1, 50) <= 0) continue;
-      ssize_t k = ::recv(fd, b, n, 0);
-      if (k <= 0) return false;
-      b += k;
-      n -= static_cast<std::size_t>(k);
-    }
-    return n == 0;
-  }
-  // Plays the job-token handshake as a real client would; true when the
-  // server answers ok. `reply_status` gets the status byte it sent.
-  bool auth(const std::string& token = {}, int* reply_status = nullptr) {
-    std::uint8_t ch[tcp::proto::auth_frame_bytes];
-    if (!recv_all(ch, sizeof ch)) return false;
-    tcp::proto::auth_frame f, proof;
-    if (tcp::proto::decode_auth(ch, sizeof ch, tcp::proto::auth_kind::challenge, f)) return false;
-    proof.kind = tcp::proto::auth_kind::proof;
-    proof.payload = tcp::proto::auth_proof(token, f.payload);
-    auto b = tcp::proto::encode(proof);
-    send(b.data(), b.size());
-    std::uint8_t rb[tcp::proto::reply_header_bytes];
-    if (!recv_all(rb, sizeof rb)) return false;
-    if (reply_status) *reply_status = rb[5];
-    return rb[5] == 0;
-  }
-  // True if the peer closed the connection within `ms`.
-  bool closed_within(int ms) {
-    auto until = std::chrono::steady_clock::now() + milliseconds(ms);
-    char buf[256];
-    while (std::chrono::steady_clock::now() < until) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 50) > 0) {
-        ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) return true;
-      }
-    }
-    return false;
-  }
-};
+using test::raw_conn;  // a raw TCP connection for playing the stranger
 
 std::vector<std::uint8_t> header(std::uint8_t op, std::uint32_t key_len, std::uint32_t value_len,
                                  std::uint32_t magic = tcp::proto::magic) {

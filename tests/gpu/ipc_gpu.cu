@@ -33,14 +33,6 @@ namespace gt = cclite::gpu_test;
 
 namespace {
 
-#define OR_DIE(expr)                                                                    \
-  do {                                                                                  \
-    ::cclite::status s_ = (expr);                                                       \
-    if (!s_.ok()) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, s_.to_string().c_str()); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 #define GPU(expr) OR_DIE(cc::cuda::cuda_status((expr), #expr))
 
 std::atomic<long>* g_counter = nullptr;

@@ -33,14 +33,6 @@ namespace gt = cclite::gpu_test;
 
 namespace {
 
-#define OR_DIE(expr)                                                                    \
-  do {                                                                                  \
-    ::cclite::status s_ = (expr);                                                       \
-    if (!s_.ok()) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, s_.to_string().c_str()); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
 
 struct dev {
   cuda::device_buffer buf;

@@ -8,8 +8,21 @@
 #include <cclite/core/reduce.hpp>
 
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
+
+// The GPU programs are plain executables (no doctest): a failed step prints
+// where and why, and ends the program with exit code 1.
+#define OR_DIE(expr)                                                                    \
+  do {                                                                                  \
+    ::cclite::status s_ = (expr);                                                       \
+    if (!s_.ok()) {                                                                     \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, s_.to_string().c_str()); \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
 
 namespace cclite::gpu_test {
 
