@@ -26,8 +26,10 @@ fi
 # libibverbs-dev (rdma-core): the InfiniBand/RoCE verbs transport (transports/verbs;
 # without it cclite::verbs is not built and verbs_test is skipped).
 $SUDO apt-get install -y -qq --no-install-recommends libibverbs-dev >/dev/null
-# openmpi-bin: the mpirun launch test (tests/netns/mpirun_test.sh); iproute2: the
-# simulated nodes of tests/netns/ (ip netns, veth, bridge, tc; root only). Both
-# tests are skipped without them.
-$SUDO apt-get install -y -qq --no-install-recommends openmpi-bin iproute2 >/dev/null
+# openmpi-bin: the mpirun launch test (tests/netns/mpirun_test.sh); libopenmpi-dev:
+# bench/'s allreduce_perf_mpi (openmpi-bin alone ships the mpicxx wrapper without
+# mpi.h, which makes CMake's FindMPI fail); iproute2: the simulated nodes of
+# tests/netns/ (ip netns, veth, bridge, tc; root only). Tests needing them are
+# skipped without them.
+$SUDO apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev iproute2 >/dev/null
 echo "install-deps: done"

@@ -45,7 +45,9 @@ set(_args -S "${SOURCE_DIR}" -B "${BINARY_DIR}" -G "${GENERATOR}"
   -DCCLITE_EMBEDDED_TESTS=OFF -DCCLITE_WITH_BLAS=OFF
   # Optional parts this build does not test: skip their detection (nvcc alone
   # costs ~10 s of configure) and their test registrations.
-  -DCCLITE_WITH_CUDA=OFF -DCCLITE_WITH_NCCL=OFF -DCCLITE_WITH_VERBS=OFF -DCCLITE_SANITIZE_TESTS=OFF)
+  -DCCLITE_WITH_CUDA=OFF -DCCLITE_WITH_NCCL=OFF -DCCLITE_WITH_VERBS=OFF -DCCLITE_SANITIZE_TESTS=OFF
+  # A few test programs: the precompiled header would cost more than it saves.
+  -DCCLITE_TEST_PCH=OFF)
 if(MAKE_PROGRAM)
   list(APPEND _args "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
 endif()

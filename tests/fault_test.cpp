@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -118,6 +119,7 @@ TEST_CASE("per-rank counts of allgatherv are not a mismatch and the check can be
 TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank now and on the next call") {
   // Four ranks on one ring 0 -> 1 -> 2 -> 3 -> 0: rank 0 is not a neighbour of
   // rank 2, so it learns of the loss only through the others.
+  std::vector<pid_t> rank0_pids;  // segment names start with cclite-<rank 0's pid in hex>-
   for (net n : {net::shm_only, net::tcp_only}) {
     test::temp_dir dir;
     auto r = test::run_ranks(
@@ -160,9 +162,15 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
     CHECK(r.exit_codes[2] == -SIGKILL);
     CHECK(r.exit_codes[3] == 0);
     CHECK_FALSE(r.timed_out);
+    rank0_pids.push_back(r.pids.at(0));
   }
-  // No shared-memory segment of these jobs is left behind.
-  CHECK(std::system("ls /dev/shm | grep -q '^cclite-'") != 0);
+  // No shared-memory segment of these jobs is left behind (only theirs: other
+  // tests may run at the same time under ctest -j).
+  for (pid_t p : rank0_pids) {
+    char cmd[96];
+    std::snprintf(cmd, sizeof cmd, "ls /dev/shm | grep -q '^cclite-%x-'", static_cast<unsigned>(p));
+    CHECK_MESSAGE(std::system(cmd) != 0, "left in /dev/shm: ", cmd);
+  }
 }
 
 TEST_CASE("timeout: a rank that never calls is named on every rank that waited") {

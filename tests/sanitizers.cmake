@@ -32,7 +32,9 @@ if(CMAKE_SCRIPT_MODE_FILE)
       # Nothing else of the project is built here: skip the optional parts'
       # detection and the other sub-build tests' registration.
       -DCCLITE_WITH_CUDA=OFF -DCCLITE_WITH_NCCL=OFF -DCCLITE_WITH_VERBS=OFF -DCCLITE_WITH_BLAS=OFF
-      -DCCLITE_HEADER_CHECK=OFF -DCCLITE_EMBEDDED_TESTS=OFF -DCCLITE_SANITIZE_TESTS=OFF)
+      -DCCLITE_HEADER_CHECK=OFF -DCCLITE_EMBEDDED_TESTS=OFF -DCCLITE_SANITIZE_TESTS=OFF
+      # One test program: a precompiled header would cost more than it saves.
+      -DCCLITE_TEST_PCH=OFF)
   if(GENERATOR)
     list(APPEND cfg -G "${GENERATOR}")
   endif()

@@ -33,6 +33,7 @@ inline int& child_failures() {
 struct run_result {
   std::vector<int> exit_codes;  // -signal if killed by a signal, 124 if the watchdog fired
   bool timed_out = false;
+  std::vector<pid_t> pids;  // of the ranks, by rank (dead by now)
   bool all_ok() const {
     for (int c : exit_codes)
       if (c != 0) return false;
@@ -69,6 +70,7 @@ inline run_result run_ranks(int size, const std::function<int(int, int)>& fn,
     pids.push_back(pid);
   }
   run_result res;
+  res.pids = pids;
   res.exit_codes.assign(static_cast<std::size_t>(size), -1000);
   auto until = std::chrono::steady_clock::now() + timeout;
   int left = size;
