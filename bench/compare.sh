@@ -6,20 +6,31 @@
 #   bench/compare.sh shm            # cclite over shm vs MPI over its shared-memory BTL
 #   bench/compare.sh tcp            # CCLITE_SHM_DISABLE=1 vs MPI over --mca btl tcp,self
 #   bench/compare.sh -r 5 -p tcp build-release
+#   bench/compare.sh -p -m shm      # MPI also with glibc malloc tuned; the better MPI figure is shown
 #
 # Options: -r runs (default 3; each size's median over the runs is shown, with
-# [min..max]); -p: start every program in a session of its own at autogroup
+# [min..max]); -m: run MPI a second time with MPI_TUNED_ENV (default
+# "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296":
+# Open MPI's per-call temporary buffer of >= 32 MiB then comes from the heap
+# instead of a fresh mmap whose pages fault on every call; glibc caps
+# mmap_threshold at 32 MiB, so only mmap_max=0 reaches 64 MiB messages) and show,
+# per size, the better of the two MPI medians, marked (t) when the tuned run
+# won; -p: start every program in a session of its own at autogroup
 # nice -20 (root only; on a machine where other sessions compete, Linux shares the
 # CPUs between sessions first, so a 2-rank job otherwise gets about one core's
 # worth; applied to cclite, MPI and machine_limits alike); -k DIR: keep the JSON
 # lines and logs in DIR (default: a temporary directory, removed); last argument:
 # the build directory (default build).
-# Environment: BW_ARGS (default "-b 64K -e 64M -f 4"), LAT_ARGS (default
+# Environment: BW_ARGS (default "-b 64K -e 4M -f 4 -n 200 -w 50; -b 16M -e 64M -f 4";
+# ';' separates argument sets run one after the other: the sizes up to 4 MiB get
+# 200 timed calls, so that each size is timed over milliseconds rather than the
+# ~0.1 ms that nccl-tests' default 20 calls of 64 KiB take, which one preemption
+# on a shared machine used to dominate), LAT_ARGS (default
 # "-b 8 -e 64K -f 2 -n 200 -w 20"), COMMON_ARGS (default "-d float -o sum"),
 # MPIRUN_ARGS (added to mpirun, e.g. "--mca mpi_yield_when_idle 1"),
 # LIMITS_ARGS (default "-n 9"), RUN_TIMEOUT seconds per program (default 900).
 #
-# Each run executes, back to back: cclite bandwidth, MPI bandwidth, cclite latency,
+# Each run executes, back to back: cclite bandwidth, MPI bandwidth (then MPI tuned, -m), cclite latency,
 # MPI latency, so that load from other programs hits both alike. Programs:
 #   cclite: build/bin/cclite-run --nproc-per-node 2 build/bin/allreduce_perf ...
 #   MPI:    mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 --mca pml ob1
@@ -38,11 +49,13 @@ set -euo pipefail
 runs=3
 prio=""
 keep=""
-usage() { sed -n '2,37p' "$0" >&2; exit 2; }
-while getopts "r:pk:h" opt; do
+tuned=""
+usage() { sed -n '2,46p' "$0" >&2; exit 2; }
+while getopts "r:pmk:h" opt; do
   case $opt in
     r) runs=$OPTARG ;;
     p) prio=1 ;;
+    m) tuned=1 ;;
     k) keep=$OPTARG ;;
     *) usage ;;
   esac
@@ -60,7 +73,8 @@ for p in cclite-run allreduce_perf machine_limits; do
 done
 command -v python3 > /dev/null || { echo "compare.sh: needs python3" >&2; exit 2; }
 
-BW_ARGS=${BW_ARGS:-"-b 64K -e 64M -f 4"}
+BW_ARGS=${BW_ARGS:-"-b 64K -e 4M -f 4 -n 200 -w 50; -b 16M -e 64M -f 4"}
+MPI_TUNED_ENV=${MPI_TUNED_ENV:-"GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"}
 LAT_ARGS=${LAT_ARGS:-"-b 8 -e 64K -f 2 -n 200 -w 20"}
 COMMON_ARGS=${COMMON_ARGS:-"-d float -o sum"}
 MPIRUN_ARGS=${MPIRUN_ARGS:-}
@@ -121,17 +135,27 @@ run() {
 }
 
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+tuned_x=()
+for kv in $MPI_TUNED_ENV; do tuned_x+=(-x "$kv"); done
 # shellcheck disable=SC2086  # the *_ARGS are lists of words on purpose
 for ((i = 1; i <= runs; ++i)); do
   for kind in bw lat; do
-    if [ $kind = bw ]; then args=$BW_ARGS; else args=$LAT_ARGS; fi
-    run "run $i/$runs: cclite $mode $kind" "$out/cclite-$kind.log" \
-      "${cclite_env[@]}" "$bin/cclite-run" --nproc-per-node 2 "$bin/allreduce_perf" \
-      $COMMON_ARGS $args -J "$out/cclite-$mode-$kind.json"
-    if [ -n "$have_mpi" ]; then
-      run "run $i/$runs: mpi $mode $kind" "$out/mpi-$kind.log" \
-        "${mpirun_cmd[@]}" "$bin/allreduce_perf_mpi" $COMMON_ARGS $args -J "$out/mpi-$mode-$kind.json"
-    fi
+    if [ $kind = bw ]; then all_args=$BW_ARGS; else all_args=$LAT_ARGS; fi
+    IFS=';' read -r -a arg_sets <<< "$all_args"
+    for args in "${arg_sets[@]}"; do
+      run "run $i/$runs: cclite $mode $kind $args" "$out/cclite-$kind.log" \
+        "${cclite_env[@]}" "$bin/cclite-run" --nproc-per-node 2 "$bin/allreduce_perf" \
+        $COMMON_ARGS $args -J "$out/cclite-$mode-$kind.json"
+      if [ -n "$have_mpi" ]; then
+        run "run $i/$runs: mpi $mode $kind $args" "$out/mpi-$kind.log" \
+          "${mpirun_cmd[@]}" "$bin/allreduce_perf_mpi" $COMMON_ARGS $args -J "$out/mpi-$mode-$kind.json"
+        if [ -n "$tuned" ]; then
+          run "run $i/$runs: mpi (malloc tuned) $mode $kind $args" "$out/mpi-tuned-$kind.log" \
+            "${mpirun_cmd[@]}" "${tuned_x[@]}" "$bin/allreduce_perf_mpi" $COMMON_ARGS $args \
+            -J "$out/mpi-tuned-$mode-$kind.json"
+        fi
+      fi
+    done
   done
 done
 # shellcheck disable=SC2086
@@ -141,6 +165,7 @@ load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 mpi_desc="not available"
 if [ -n "$have_mpi" ]; then
   mpi_desc="$(mpirun --version 2> /dev/null | head -1), pml ob1, btl $btl${MPIRUN_ARGS:+, $MPIRUN_ARGS}"
+  [ -n "$tuned" ] && mpi_desc="$mpi_desc; better of as-is and (t) $MPI_TUNED_ENV"
 fi
 transport=$(grep -m1 -o 'ring via [a-z]*' "$out/cclite-bw.log" | sed 's/ring via //' || true)
 
@@ -181,7 +206,19 @@ print("# allreduce, 2 ranks on one node, %s; ${COMMON_ARGS}, out-of-place; media
 print("# cclite: transport ${transport:-?}; MPI: ${mpi_desc}")
 print("# host $(hostname), $(nproc) CPUs, load average before ${load_before}, after ${load_after}${prio:+; autogroup nice -20}; $(date -u +%Y-%m-%dT%H:%MZ)")
 print()
-cb, mb = by_size(load("cclite-%s-bw.json" % mode), "busbw"), by_size(load("mpi-%s-bw.json" % mode), "busbw")
+def better(plain, tuned, higher):
+    # per size, the MPI variant with the better median; the tuned one marked
+    out, mark = {}, {}
+    for s in set(plain) | set(tuned):
+        p, t = plain.get(s, []), tuned.get(s, [])
+        use_t = t and (not p or (statistics.median(t) > statistics.median(p)) == higher
+                       and statistics.median(t) != statistics.median(p))
+        out[s], mark[s] = (t, " (t)") if use_t else (p, "")
+    return out, mark
+
+cb = by_size(load("cclite-%s-bw.json" % mode), "busbw")
+mb, mb_mark = better(by_size(load("mpi-%s-bw.json" % mode), "busbw"),
+                     by_size(load("mpi-tuned-%s-bw.json" % mode), "busbw"), True)
 print("busbw (GB/s, higher is better; bw args: ${BW_ARGS}); %% limit = busbw / %s %s GB/s"
       % (limit_name, "%.2f" % limit if limit else "?"))
 print()
@@ -192,9 +229,11 @@ for s in sorted(set(cb) | set(mb)):
     ratio = "%.2f" % (statistics.median(c) / statistics.median(m)) if c and m and statistics.median(m) > 0 else "-"
     pc = "%.0f %%" % (100 * statistics.median(c) / limit) if c and limit else "-"
     pm = "%.0f %%" % (100 * statistics.median(m) / limit) if m and limit else "-"
-    print("| %s | %s | %s | %s | %s | %s |" % (human(s), cell(c, "%.2f"), cell(m, "%.2f"), ratio, pc, pm))
+    print("| %s | %s | %s%s | %s | %s | %s |" % (human(s), cell(c, "%.2f"), cell(m, "%.2f"), mb_mark.get(s, ""), ratio, pc, pm))
 print()
-ct, mt = by_size(load("cclite-%s-lat.json" % mode), "time_us"), by_size(load("mpi-%s-lat.json" % mode), "time_us")
+ct = by_size(load("cclite-%s-lat.json" % mode), "time_us")
+mt, mt_mark = better(by_size(load("mpi-%s-lat.json" % mode), "time_us"),
+                     by_size(load("mpi-tuned-%s-lat.json" % mode), "time_us"), False)
 print("latency (time per call in us, lower is better; lat args: ${LAT_ARGS}); cclite/MPI > 1: cclite slower")
 print()
 print("| size | cclite us | MPI us | cclite/MPI |")
@@ -202,7 +241,7 @@ print("|---:|---:|---:|---:|")
 for s in sorted(set(ct) | set(mt)):
     c, m = ct.get(s, []), mt.get(s, [])
     ratio = "%.2f" % (statistics.median(c) / statistics.median(m)) if c and m and statistics.median(m) > 0 else "-"
-    print("| %s | %s | %s | %s |" % (human(s), cell(c, "%.1f"), cell(m, "%.1f"), ratio))
+    print("| %s | %s | %s%s | %s |" % (human(s), cell(c, "%.1f"), cell(m, "%.1f"), mt_mark.get(s, ""), ratio))
 print()
 print("machine limits, same run (machine_limits ${LIMITS_ARGS}; GB/s = 1e9 B/s, median [min..max])")
 print()

@@ -8,7 +8,10 @@
 #     cclite/cclite.hpp, shm + tcp) at -O2, and of samples/edge_sensor_average.cpp
 #     (communicator<tcp> only): wall and user seconds, best of 2
 #  2. stripped size of hello_allreduce linked with -static-libstdc++ -static-libgcc
-#     and dynamically, and of edge_sensor_average (-O2, -s)
+#     and dynamically, and of edge_sensor_average (-O2, -s); and hello_allreduce
+#     built for size (-Os) and as the embedded configuration (-Os -fno-exceptions
+#     -fno-rtti), dynamic. Where the bytes go:
+#       g++ -O2 ... -c samples/hello_allreduce.cpp && nm -C -S --size-sort hello_allreduce.o
 #  3. resident memory of each rank of a 2-rank job at rest (after set-up and
 #     one 4-byte allreduce): VmRSS and Pss (/proc/self/status, smaps_rollup;
 #     Pss splits shared pages, e.g. the shm FIFOs, between the ranks), with the
@@ -17,15 +20,15 @@
 #     CCLITE_CHUNKSIZE=4K, CCLITE_TCP_BLOCK=4K)
 #
 # Everything is built in a temporary directory; nothing in build/ is touched.
-# Takes about a minute (three -O2 compiles of the umbrella header).
+# Takes a few minutes (the umbrella header is compiled 7 times).
 set -euo pipefail
 CXX=${1:-g++}
 root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d /tmp/cclite-footprint-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 inc=(-I"$root/include" -I"$root/transports/shm/include" -I"$root/transports/tcp/include")
-defs=(-DCCLITE_HAS_SHM=1 -DCCLITE_HAS_TCP=1 -DASIO_STANDALONE -DASIO_NO_DEPRECATED)
-tcp_defs=(-DCCLITE_HAS_TCP=1 -DASIO_STANDALONE -DASIO_NO_DEPRECATED)
+defs=(-DCCLITE_HAS_SHM=1 -DCCLITE_HAS_TCP=1)
+tcp_defs=(-DCCLITE_HAS_TCP=1)
 
 # best-of-2 "wall user" seconds of a command
 timed() {
@@ -50,6 +53,9 @@ read -r ew eu < <(timed "$CXX" -std=c++17 -O2 "${tcp_defs[@]}" -I"$root/include"
 "$CXX" "$tmp/hello.o" -o "$tmp/hello_dyn" -s -pthread
 "$CXX" "$tmp/edge.o" -o "$tmp/edge_static" -s -static-libstdc++ -static-libgcc -pthread
 "$CXX" "$tmp/edge.o" -o "$tmp/edge_dyn" -s -pthread
+"$CXX" -std=c++17 -Os "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" -o "$tmp/hello_os" -s -pthread
+"$CXX" -std=c++17 -Os -fno-exceptions -fno-rtti "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" \
+  -o "$tmp/hello_os_noexc" -s -pthread
 kib() { echo $(( ($(stat -c %s "$1") + 1023) / 1024 )); }
 
 # 3. memory at rest ---------------------------------------------------------------------
@@ -104,6 +110,8 @@ printf '%-58s %s KiB\n' "hello_allreduce stripped, -static-libstdc++" "$(kib "$t
 printf '%-58s %s KiB\n' "hello_allreduce stripped, dynamic" "$(kib "$tmp/hello_dyn")"
 printf '%-58s %s KiB\n' "edge_sensor_average stripped, -static-libstdc++" "$(kib "$tmp/edge_static")"
 printf '%-58s %s KiB\n' "edge_sensor_average stripped, dynamic" "$(kib "$tmp/edge_dyn")"
+printf '%-58s %s KiB\n' "hello_allreduce stripped, -Os, dynamic" "$(kib "$tmp/hello_os")"
+printf '%-58s %s KiB\n' "  ... -Os -fno-exceptions -fno-rtti, dynamic" "$(kib "$tmp/hello_os_noexc")"
 printf '%-58s %s\n' "2 ranks at rest, VmRSS/Pss KiB (rank 0, rank 1):" ""
 printf '%-58s %s\n' "  shm, default buffers (4M FIFOs)" "$m_shm"
 printf '%-58s %s\n' "  tcp, default buffers (4M rings, 2 sockets)" "$m_tcp"

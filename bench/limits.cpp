@@ -9,6 +9,10 @@
 //   -t  comma-separated subset of: memcpy,memcpy_x2,add,tcp_bidir,tcp_uni,fault_anon,
 //       fault_shm (default all)
 //   -J  append one JSON object per test to this file
+//   -a  tcp tests: the IPv4 address the first process listens on (default 127.0.0.1)
+//   -N  tcp tests: a network namespace file (/var/run/netns/NAME) the second process
+//       enters before it connects, so the stream crosses a simulated link (root):
+//         ip netns exec A machine_limits -t tcp_bidir -a <A's address> -N /var/run/netns/B
 //
 // Tests (every buffer is touched before timing; one untimed warm-up pass each):
 //   memcpy     one thread, memcpy(dst, src, s). GB/s = s / time: bytes *copied*; the
@@ -23,6 +27,10 @@
 //              sockets, each sending s bytes to the other at the same time (a sender
 //              thread and a receiving thread per process). Per-direction GB/s =
 //              s / the slower receiver's time: what a 2-rank ring over TCP can reach.
+//              The bytes are sent from and received into a 4 MiB window (cycled),
+//              as a transport's staging ring is: with 64 MiB cache-cold buffers
+//              the four kernel copies become DRAM-bound and the figure fell to
+//              half what cclite's ring reached over the same loopback.
 //   tcp_uni    the same connection, one direction only: s / the receiver's time.
 //   fault_anon first write to s bytes of freshly mmapped anonymous memory: page faults
 //              plus zeroing (a malloc/free of >= 32 MiB per call pays this every call).
@@ -35,6 +43,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -277,16 +286,20 @@ std::vector<double> run_memcpy_x2(std::size_t bytes, int reps) {
 // One rep on an established connection. `sends`/`recvs`: this side's role.
 // Returns this side's receive time (0 when it receives nothing). The go byte
 // from the parent aligns both sides to within one loopback latency.
-double tcp_rep(int fd, bool parent, bool sends, bool recvs, const buffer& out, const buffer& in) {
+// `bytes` each way, from/into the buffers cycled as windows of their size.
+double tcp_rep(int fd, bool parent, bool sends, bool recvs, const buffer& out, const buffer& in,
+               std::size_t bytes) {
   char g = 'g';
   if (parent) send_all(fd, &g, 1);
   else recv_all(fd, &g, 1);
   double t0 = now();
   std::thread tx;
-  if (sends) tx = std::thread([&] { send_all(fd, out.data(), out.size()); });
+  if (sends) tx = std::thread([&] {
+    for (std::size_t done = 0; done < bytes; done += out.size()) send_all(fd, out.data(), std::min(out.size(), bytes - done));
+  });
   double t = 0;
   if (recvs) {
-    recv_all(fd, in.data(), in.size());
+    for (std::size_t done = 0; done < bytes; done += in.size()) recv_all(fd, in.data(), std::min(in.size(), bytes - done));
     t = now() - t0;
   }
   if (tx.joinable()) tx.join();
@@ -298,12 +311,19 @@ double tcp_rep(int fd, bool parent, bool sends, bool recvs, const buffer& out, c
 }
 
 // Per-direction rates (GB/s), one per rep.
-std::vector<double> run_tcp(std::size_t bytes, int reps, bool bidir) {
+// `listen_addr`: dotted IPv4 (empty: loopback); `child_netns`: namespace file the
+// connecting process enters first (empty: stay).
+std::vector<double> run_tcp(std::size_t bytes, int reps, bool bidir, const std::string& listen_addr,
+                            const std::string& child_netns) {
   int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (lfd < 0) die("socket");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (!listen_addr.empty() && ::inet_pton(AF_INET, listen_addr.c_str(), &addr.sin_addr) != 1) {
+    std::fprintf(stderr, "machine_limits: -a %s is not an IPv4 address\n", listen_addr.c_str());
+    std::exit(2);
+  }
   addr.sin_port = 0;
   if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr)) die("bind");
   if (::listen(lfd, 1)) die("listen");
@@ -320,6 +340,11 @@ std::vector<double> run_tcp(std::size_t bytes, int reps, bool bidir) {
     fd = ::accept(lfd, nullptr, nullptr);
     if (fd < 0) die("accept");
   } else {
+    if (!child_netns.empty()) {  // the child is single-threaded here: setns is allowed
+      int ns = ::open(child_netns.c_str(), O_RDONLY | O_CLOEXEC);
+      if (ns < 0 || ::setns(ns, CLONE_NEWNET) != 0) die(child_netns.c_str());
+      ::close(ns);
+    }
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) die("socket");
     if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr)) die("connect");
@@ -327,12 +352,13 @@ std::vector<double> run_tcp(std::size_t bytes, int reps, bool bidir) {
   ::close(lfd);
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // the small sync bytes
-  buffer out(bytes, parent ? 3 : 4), in(bytes, 0);
+  const std::size_t window = std::min<std::size_t>(bytes, 4u << 20);
+  buffer out(window, parent ? 3 : 4), in(window, 0);
   // Parent sends in both modes; the child sends only when bidirectional.
   const bool sends = parent || bidir, recvs = !parent || bidir;
   std::vector<double> rate;
   for (int r = -1; r < reps; ++r) {  // r == -1: warm-up (slow start, page faults)
-    double t = tcp_rep(fd, parent, sends, recvs, out, in);
+    double t = tcp_rep(fd, parent, sends, recvs, out, in, bytes);
     if (!parent) {
       write_all(times[1], &t, sizeof t);
       continue;
@@ -373,14 +399,14 @@ const test tests[] = {
 int main(int argc, char** argv) {
   std::size_t bytes = 64u << 20;
   int reps = 9;
-  std::string only, json;
+  std::string only, json, listen_addr, child_netns;
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (f == "-h" || f == "--help" || !v) {
       std::fprintf(stderr,
                    "usage: machine_limits [-s bytes] [-n reps] [-t memcpy,memcpy_x2,add,tcp_bidir,"
-                   "tcp_uni,fault_anon,fault_shm] [-J file.json]\n");
+                   "tcp_uni,fault_anon,fault_shm] [-J file.json] [-a listen-ipv4] [-N netns-file]\n");
       return f == "-h" || f == "--help" ? 0 : 2;
     }
     ++i;
@@ -393,6 +419,10 @@ int main(int argc, char** argv) {
       only = std::string(",") + v + ",";
     } else if (f == "-J") {
       json = v;
+    } else if (f == "-a") {
+      listen_addr = v;
+    } else if (f == "-N") {
+      child_netns = v;
     } else {
       std::fprintf(stderr, "machine_limits: unknown flag %s\n", f.c_str());
       return 2;
@@ -403,8 +433,10 @@ int main(int argc, char** argv) {
 
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
-  std::printf("# machine_limits: %s, %ld CPUs online, %zu B buffers, median of %d (min..max)\n", host,
-              ::sysconf(_SC_NPROCESSORS_ONLN), bytes, reps);
+  std::printf("# machine_limits: %s, %ld CPUs online, %zu B buffers, median of %d (min..max); tcp: %s%s%s\n",
+              host, ::sysconf(_SC_NPROCESSORS_ONLN), bytes, reps,
+              listen_addr.empty() ? "loopback" : listen_addr.c_str(), child_netns.empty() ? "" : ", peer in ",
+              child_netns.c_str());
   std::printf("# %-10s %9s %9s %9s %10s   %s\n", "test", "GB/s", "min", "max", "MB/s", "counts");
   std::fflush(stdout);
   for (const test& t : tests) {
@@ -413,12 +445,15 @@ int main(int argc, char** argv) {
     std::vector<double> r = n == "memcpy"      ? run_memcpy(bytes, reps)
                             : n == "memcpy_x2" ? run_memcpy_x2(bytes, reps)
                             : n == "add"       ? run_add(bytes, reps)
-                            : n == "tcp_bidir" ? run_tcp(bytes, reps, true)
-                            : n == "tcp_uni"   ? run_tcp(bytes, reps, false)
+                            : n == "tcp_bidir" ? run_tcp(bytes, reps, true, listen_addr, child_netns)
+                            : n == "tcp_uni"   ? run_tcp(bytes, reps, false, listen_addr, child_netns)
                             : n == "fault_anon" ? run_fault(bytes, reps, false)
                                                 : run_fault(bytes, reps, true);
     stats s = summarize(r);
     std::string counts = t.counts;
+    if (n.compare(0, 4, "tcp_") == 0 && !listen_addr.empty()) {
+      counts.replace(counts.rfind("loopback"), 8, "to " + listen_addr + (child_netns.empty() ? "" : " from " + child_netns));
+    }
     if (n.compare(0, 6, "fault_") == 0 && s.median > 0) {
       char us[64];
       std::snprintf(us, sizeof us, " (%.2f us per 4 KiB page)", 4096 / (s.median * 1e3));

@@ -56,13 +56,23 @@ struct args {
   std::uint64_t seed = 42;
   int threads = 0;  // 0: cores / ranks on this node
   long bucket_kb = 25 * 1024;
-  // 256 KiB, not DDP's 1 MiB: this model's 918 KiB of gradients would fit in
-  // one first bucket, leaving nothing to overlap with backward.
-  long first_bucket_kb = 256;
+  // -1 (auto): when this node has a core to spare for the reduction, 256 KiB
+  // (not DDP's 1 MiB, which would hold all 918 KiB of this model's gradients:
+  // fc3 + fc2 are reduced while fc1's backward runs); otherwise one bucket,
+  // reduced inline after backward: with one core per rank the communicator's
+  // thread can only take its CPU time from backward, and the extra hand-offs
+  // cost more than the overlap saves (docs/trainer.md, Performance).
+  long first_bucket_kb = -1;
+  // 0: fc1's weight gradient in one bucket. --split-kb 196 cuts it into 4 row
+  // blocks with a bucket each, all but the last reduced while backward still
+  // runs; with one core per rank that overlap only moves the reduction's CPU
+  // work into backward (docs/trainer.md, Performance), so it is off by default.
+  long split_kb = 0;
   int accumulate = 1;
   std::string progress = "auto";
   int timeline = 0;
   long max_steps = 0;  // per epoch, 0 = all (quick runs)
+  bool profile = false;
 };
 
 void usage() {
@@ -84,11 +94,15 @@ void usage() {
       "  --seed S              shuffling and initialisation seed (default 42)\n"
       "  --threads N           BLAS threads per rank (default: cores / ranks on this node)\n"
       "  --bucket-kb K         gradient bucket cap (default 25600)\n"
-      "  --first-bucket-kb K   first bucket cap (default 256: the last two layers' gradients)\n"
+      "  --first-bucket-kb K   first bucket cap (default: 256, the last two layers' gradients, when a\n"
+      "                        core is left for the reduction; else all gradients in one bucket)\n"
+      "  --split-kb K          cut a larger gradient into pieces of at most K KiB, each reduced as\n"
+      "                        soon as backward computed it (default 0 = never; 196: fc1.weight in 4)\n"
       "  --accumulate K        micro-batches per step, communicating only the last (default 1)\n"
       "  --progress auto|bar|lines|none  (auto: bar on a terminal, lines otherwise)\n"
       "  --timeline N          print the bucket timeline of the first N steps of each epoch\n"
-      "  --max-steps N         stop each epoch after N steps (quick runs)\n",
+      "  --max-steps N         stop each epoch after N steps (quick runs)\n"
+      "  --profile             print per epoch the median time of each phase of a step (rank 0)\n",
       sample::default_fashion_mnist_dir());
 }
 
@@ -118,10 +132,12 @@ bool parse(int argc, char** argv, args& a) {
     else if (k == "--threads") a.threads = std::atoi(val());
     else if (k == "--bucket-kb") a.bucket_kb = std::atol(val());
     else if (k == "--first-bucket-kb") a.first_bucket_kb = std::atol(val());
+    else if (k == "--split-kb") a.split_kb = std::atol(val());
     else if (k == "--accumulate") a.accumulate = std::atoi(val());
     else if (k == "--progress") a.progress = val();
     else if (k == "--timeline") a.timeline = std::atoi(val());
     else if (k == "--max-steps") a.max_steps = std::atol(val());
+    else if (k == "--profile") a.profile = true;
     else if (k == "--hidden") {
       a.hidden.clear();
       for (const char* p = val(); *p;) {
@@ -246,7 +262,19 @@ int main(int argc, char** argv) {
 
   train::dp_options dpo;
   dpo.bucket_cap_bytes = static_cast<std::size_t>(a.bucket_kb) << 10;
-  dpo.first_bucket_cap_bytes = static_cast<std::size_t>(a.first_bucket_kb) << 10;
+  long first_kb = a.first_bucket_kb;
+  if (first_kb < 0) {
+    const long cores = static_cast<long>(std::thread::hardware_concurrency());
+    first_kb = cores > static_cast<long>(comm.local_size()) * threads ? 256 : a.bucket_kb;
+  }
+  dpo.first_bucket_cap_bytes = static_cast<std::size_t>(first_kb) << 10;
+  if (world > 1 && a.split_kb > 0) {
+    // As many row blocks of fc1's weight gradient as data_parallel cuts it
+    // into pieces (one process alone has nothing to overlap: no blocks).
+    dpo.split_bytes = static_cast<std::size_t>(a.split_kb) << 10;
+    const std::size_t w_bytes = static_cast<std::size_t>(sizes[0]) * static_cast<std::size_t>(sizes[1]) * sizeof(float);
+    net.set_grad_blocks(static_cast<int>((w_bytes + dpo.split_bytes - 1) / dpo.split_bytes));
+  }
   auto made = train::data_parallel<comm_t>::create(comm, net.parameters(), dpo);
   if (!made) return fail(rank, made.error());
   train::data_parallel<comm_t>& ddp = made.value();
@@ -329,8 +357,16 @@ int main(int argc, char** argv) {
     const std::vector<std::size_t>& mine = sampler.indices();
     bar.start_epoch();
     double loss_sum = 0, seen = 0, step_loss = 0, step_n = 0, sync_s = 0;
+    // --profile: microseconds per step in each phase (gather, forward+backward,
+    // synchronize, optimiser, whole step), medians printed per epoch.
+    enum { ph_gather, ph_compute, ph_sync, ph_opt, ph_step, phases };
+    std::vector<double> prof[phases];
+    if (a.profile)
+      for (auto& v : prof) v.reserve(static_cast<std::size_t>(steps_per_epoch));
     const auto t0 = std::chrono::steady_clock::now();
     for (long step = 0; step < steps_per_epoch; ++step) {
+      const auto step_start = std::chrono::steady_clock::now();
+      double gather_s = 0;
       if (a.schedule == "cosine") {
         const double progress = static_cast<double>(epoch * steps_per_epoch + step) / static_cast<double>(total_steps);
         opt.set_lr(static_cast<float>(a.lr * 0.5 * (1.0 + std::cos(M_PI * progress))));
@@ -341,7 +377,9 @@ int main(int argc, char** argv) {
       for (int m = 0; m < parts; ++m) {
         const int lo = this_batch * m / parts, hi = this_batch * (m + 1) / parts;
         const int n = hi - lo;
+        const auto gather_start = std::chrono::steady_clock::now();
         gather(ds.train, mine.data() + begin + static_cast<std::size_t>(lo), n);
+        gather_s += seconds_since(gather_start);
         const float* logits = net.forward(x.data(), n);
         auto r = train::softmax_cross_entropy(logits, y.data(), n, 10, net.output_grad(), 1.0f / static_cast<float>(this_batch));
         loss_sum += r.loss_sum;
@@ -349,13 +387,24 @@ int main(int argc, char** argv) {
         seen += n;
         step_n += n;
         ddp.set_sync(m + 1 == parts);  // earlier micro-batches only accumulate
-        net.backward(n, [&](train::parameter& p) { ddp.grad_ready(p); });
+        // The first micro-batch overwrites the gradients (no zero_grad pass),
+        // the others add to them.
+        net.backward(n, [&](train::parameter& p, auto... range) { ddp.grad_ready(p, range...); }, m > 0);
       }
       const auto sync_start = std::chrono::steady_clock::now();
       if (auto st = ddp.synchronize(); !st.ok()) return fail(rank, st);
-      sync_s += seconds_since(sync_start);
+      const auto opt_start = std::chrono::steady_clock::now();
+      sync_s += std::chrono::duration<double>(opt_start - sync_start).count();
       opt.step();
-      ddp.zero_grad();
+      if (a.profile) {
+        const auto end = std::chrono::steady_clock::now();
+        auto us = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };
+        prof[ph_gather].push_back(gather_s * 1e6);
+        prof[ph_compute].push_back(us(sync_start - step_start) - gather_s * 1e6);
+        prof[ph_sync].push_back(us(opt_start - sync_start));
+        prof[ph_opt].push_back(us(end - opt_start));
+        prof[ph_step].push_back(us(end - step_start));
+      }
       sampler.set_position(begin + static_cast<std::size_t>(this_batch));
       if (rank == 0 && step < a.timeline) {
         std::printf("timeline epoch %d step %ld: backward done at %.0f us;", epoch + 1, step, ddp.backward_end_us());
@@ -414,6 +463,24 @@ int main(int argc, char** argv) {
         std::printf(", test loss %.4f, test accuracy %.4f", sums[2] / sums[4], last_accuracy);
       }
       std::printf("%s\n", saved.c_str());
+      if (a.profile && !prof[ph_step].empty()) {
+        auto median = [](std::vector<double>& v) {
+          std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+          return v[v.size() / 2];
+        };
+        const double m[phases] = {median(prof[ph_gather]), median(prof[ph_compute]), median(prof[ph_sync]),
+                                  median(prof[ph_opt]), median(prof[ph_step])};
+        // The fastest tenth of the steps: what the step costs when no other
+        // program took the CPU from a rank (a busy machine stretches the rest).
+        auto& st = prof[ph_step];
+        std::nth_element(st.begin(), st.begin() + static_cast<std::ptrdiff_t>(st.size() / 10), st.end());
+        const double p10 = st[st.size() / 10];
+        std::printf("profile epoch %d: median us per step: gather %.1f, forward+backward %.1f, synchronize %.1f, "
+                    "optimizer %.1f, step %.1f (x %ld steps = %.3f s); step p10 %.1f us (%.3f s)\n",
+                    epoch + 1, m[ph_gather], m[ph_compute], m[ph_sync], m[ph_opt], m[ph_step],
+                    steps_per_epoch, m[ph_step] * 1e-6 * static_cast<double>(steps_per_epoch), p10,
+                    p10 * 1e-6 * static_cast<double>(steps_per_epoch));
+      }
       std::fflush(stdout);
     }
   }

@@ -1,14 +1,20 @@
 // A CCLITE_NO_THREADS build (config.hpp): blocking collectives run on the
 // caller's thread, *_async calls fail with errc::unsupported, and the process
-// never has a second thread. The macro is set for this whole executable (this
-// TU and the doctest main, which includes no cclite header), as a program must.
+// never has a second thread, rank 0 hosting the TCP rendezvous store included
+// (its server is served from rank 0's own store calls). The macro is set for
+// this whole executable (this TU and the doctest main, which includes no
+// cclite header), as a program must.
 #define CCLITE_NO_THREADS 1
 #include <cclite/cclite.hpp>
 
 #include <doctest/doctest.h>
 
+#include <dirent.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "support/comm.hpp"
@@ -30,6 +36,18 @@ int thread_count() {
   return n;
 }
 
+// Entries of /proc/self/task: one per thread, counted without trusting the
+// "Threads:" summary.
+int task_count() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (const dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
 int blocking_only(default_communicator& c) {
   std::vector<float> v(100000, static_cast<float>(c.rank() + 1));
   MP_REQUIRE_OK(c.allreduce(v.data(), v.size()));
@@ -46,7 +64,15 @@ int blocking_only(default_communicator& c) {
   MP_REQUIRE_OK(c.broadcast(v.data(), v.size(), dtype::float32, 0));
   MP_CHECK(v.back() == want);
   MP_CHECK(thread_count() == 1);
+  MP_CHECK(task_count() == 1);
   return 0;
+}
+
+// A port that was free a moment ago (bound, then released).
+std::uint16_t free_port() {
+  auto probe = tcp::store_server::start("127.0.0.1", 0);
+  REQUIRE(probe.ok());
+  return probe.value()->port();
 }
 
 }  // namespace
@@ -62,6 +88,46 @@ TEST_CASE("CCLITE_NO_THREADS: blocking collectives work and async calls are unsu
           return blocking_only(*c);
         },
         std::chrono::seconds(120), [&](int rank) { test::set_net_env(n, rank, 2); });
+    INFO("net ", test::to_string(n), ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
+// cclite::init() as a launcher starts it: rank 0 hosts the TCP rendezvous
+// store on MASTER_ADDR:MASTER_PORT. Without a thread for the server, every rank
+// still has exactly one task after init, after collectives and after split()
+// (which meets through the store again).
+TEST_CASE("CCLITE_NO_THREADS: init() over the TCP rendezvous starts no thread on any rank") {
+  for (net n : {net::shm_only, net::tcp_only}) {
+    const std::string port = std::to_string(free_port());
+    auto r = test::run_ranks(
+        3,
+        [&](int rank, int size) {
+          MP_CHECK(task_count() == 1);
+          auto comm = cclite::init();
+          MP_REQUIRE_OK(comm);
+          auto& c = *comm.value();
+          MP_CHECK(c.rank() == rank && c.size() == size);
+          MP_CHECK(task_count() == 1);
+          if (int rc = blocking_only(c)) return rc;
+          auto sub = c.split(rank % 2, rank);
+          MP_REQUIRE_OK(sub);
+          float x = 1;
+          MP_REQUIRE_OK(sub.value()->allreduce(&x, 1));
+          MP_CHECK(x == (rank % 2 == 0 ? 2.0f : 1.0f));
+          MP_REQUIRE_OK(c.barrier());
+          MP_CHECK(task_count() == 1);
+          return 0;
+        },
+        std::chrono::seconds(120),
+        [&](int rank) {
+          test::set_net_env(n, rank, 3);
+          ::setenv("RANK", std::to_string(rank).c_str(), 1);
+          ::setenv("WORLD_SIZE", "3", 1);
+          ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+          ::setenv("MASTER_PORT", port.c_str(), 1);
+          ::setenv("CCLITE_TIMEOUT", "60", 1);
+        });
     INFO("net ", test::to_string(n), ": ", r.describe());
     CHECK(r.all_ok());
   }

@@ -17,6 +17,9 @@
 #include <thread>
 #include <vector>
 
+// Asio only to play a foreign server (the store itself does not use it).
+#include <asio.hpp>
+
 #include <cclite/bootstrap/file_store.hpp>
 #include <cclite/bootstrap/memory_store.hpp>
 #include <cclite/tcp/rendezvous.hpp>

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/mp.hpp"
@@ -242,6 +243,34 @@ TEST_CASE("bucket_plan: reverse order, contiguous, caps respected, parameters ne
   CHECK(train::bucket_plan::make({}, 4, 1, 1).buckets.empty());
 }
 
+TEST_CASE("bucket_plan: split_bytes cuts a large parameter into equal pieces, one bucket each") {
+  const std::vector<std::size_t> sizes = {200704, 256, 32768, 128, 1280, 10};
+  const std::vector<std::size_t> groups = {1, 1, 2, 2, 3, 3};
+  // fc1.w (784 KiB) in 4 pieces of 196 KiB = 64 rows of 784; the first piece joins fc1.b.
+  auto p = train::bucket_plan::make(sizes, 4, 256 << 10, 25 << 20, groups, 196 << 10);
+  REQUIRE(p.buckets.size() == 5);
+  CHECK(p.buckets[0].params == 4);
+  CHECK(p.buckets[1].count == 256 + 50176);
+  for (std::size_t b = 2; b < 5; ++b) CHECK(p.buckets[b].count == 50176);
+  CHECK(p.param_bucket[0] == 1);  // a split parameter names its first bucket
+  CHECK(p.param_offset[0] == p.buckets[1].offset + 256);
+  std::size_t off = 0;
+  for (const auto& b : p.buckets) {
+    CHECK(b.offset == off);
+    off += b.count;
+  }
+  CHECK(off == p.total);
+  CHECK(p.total == 200704 + 256 + 32768 + 128 + 1280 + 10);
+  // Uneven: 10 elements in ceil(40 / 12) = 4 pieces of 2 or 3; small parameters unaffected.
+  auto u = train::bucket_plan::make({10, 2}, 4, 0, 0, {}, 12);
+  REQUIRE(u.buckets.size() == 4);
+  CHECK(u.buckets[0].count == 2 + 2);
+  CHECK(u.buckets[1].count + u.buckets[2].count + u.buckets[3].count == 8);
+  // No split requested, or nothing above it: the plan without split_bytes.
+  auto n = train::bucket_plan::make(sizes, 4, 256 << 10, 25 << 20, groups, 1 << 20);
+  CHECK(n.buckets.size() == 2);
+}
+
 // ---- numerics ------------------------------------------------------------------------------------
 
 TEST_CASE("gemm: every transpose combination against a naive reference") {
@@ -348,4 +377,54 @@ TEST_CASE("mlp: backward matches finite differences of the loss") {
   }
   CHECK(kinks <= 6);
   CHECK(checked >= 30);
+}
+
+TEST_CASE("mlp: overwriting backward equals zero + accumulate; first-layer row blocks report every element once") {
+  const int batch = 5;
+  train::mlp a({12, 8, 6, 3}, batch, 4), b({12, 8, 6, 3}, batch, 4);
+  std::vector<float> x(batch * 12);
+  train::rng g(9);
+  for (float& v : x) v = g.uniform(-1, 1);
+  const std::uint8_t y[batch] = {0, 2, 1, 1, 0};
+  auto pass = [&](train::mlp& net, auto&& hook, bool accumulate) {
+    train::softmax_cross_entropy(net.forward(x.data(), batch), y, batch, 3, net.output_grad(), 1.0f / batch);
+    net.backward(batch, hook, accumulate);
+  };
+  auto pa = a.parameters(), pb = b.parameters();
+  for (train::parameter* p : pa) std::fill(p->grad(), p->grad() + p->size(), 123.0f);  // stale
+  train::zero_grads(pb);
+  pass(a, [](train::parameter&) {}, false);
+  pass(b, [](train::parameter&) {}, true);
+  for (std::size_t k = 0; k < pa.size(); ++k)
+    CHECK(std::equal(pa[k]->grad(), pa[k]->grad() + pa[k]->size(), pb[k]->grad()));  // same bits
+  // A second pass accumulates: twice the gradient, up to rounding (a BLAS may
+  // add the old C into its running sum rather than at the end).
+  pass(a, [](train::parameter&) {}, true);
+  for (std::size_t k = 0; k < pa.size(); ++k)
+    for (std::size_t i = 0; i < pa[k]->size(); ++i)
+      CHECK(pa[k]->grad()[i] == doctest::Approx(2 * pb[k]->grad()[i]).epsilon(1e-5).scale(1e-6));
+
+  // Blocks: 3 row blocks of fc1.weight (8 rows: 2 + 3 + 3), reported in order, then the whole.
+  b.set_grad_blocks(3);
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  std::vector<const train::parameter*> whole;
+  pass(b, [&](train::parameter& p, auto... r) {
+    if constexpr (sizeof...(r) == 2) {
+      CHECK(&p == pb[0]);
+      ranges.push_back({r...});
+    } else {
+      whole.push_back(&p);
+    }
+  }, false);
+  REQUIRE(ranges.size() == 3);
+  CHECK(ranges[0] == std::make_pair(std::size_t{0}, std::size_t{2 * 12}));
+  CHECK(ranges[1] == std::make_pair(std::size_t{2 * 12}, std::size_t{5 * 12}));
+  CHECK(ranges[2] == std::make_pair(std::size_t{5 * 12}, std::size_t{8 * 12}));
+  REQUIRE(whole.size() == pb.size());
+  CHECK(whole.back() == pb[0]);  // the whole weight last, after its blocks
+  // Same gradient as in one piece, up to the BLAS's blocking (here: the same bits
+  // with the portable loop; a BLAS may round a block differently).
+  for (std::size_t k = 0; k < pa.size(); ++k)
+    for (std::size_t i = 0; i < pa[k]->size(); ++i)
+      CHECK(pb[k]->grad()[i] == doctest::Approx(pa[k]->grad()[i] / 2).epsilon(1e-5).scale(1e-6));
 }

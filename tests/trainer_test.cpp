@@ -11,6 +11,10 @@
 //   - the same 2-rank job over communicator<tcp::transport> and through a
 //     wrapper communicator gives the same bits as over shm (same ring order);
 //   - no_sync micro-batches issue no collective and accumulate correctly;
+//   - split mode: fc1's weight gradient computed in row blocks and cut into
+//     buckets reduced as soon as their rows are done, and gradients
+//     overwritten by backward instead of zeroed: same bounds, same bitwise
+//     agreement across ranks;
 //   - earlier buckets are issued before backward ends (overlap), checked from
 //     the issue order, not from timings.
 #include <cclite/cclite.hpp>
@@ -85,6 +89,7 @@ struct run_cfg {
   bool wrapped = false;        // through counting_comm
   std::string trajectory;      // rank 0 appends all parameters after every step
   std::string bound_terms;     // 1 rank: per step G_t and max|theta| for trajectory_bound
+  bool split = false;          // fc1.weight in 3 blocks/buckets; backward overwrites, no zero_grad
 };
 
 std::uint64_t fnv(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
@@ -105,11 +110,20 @@ int train_loop(Raw& raw, DpComm& dpc, const run_cfg& cfg, int* collectives_in_no
   train::mlp net(layer_sizes, micro, 1000 + static_cast<std::uint64_t>(rank));
   train::dp_options o;
   o.first_bucket_cap_bytes = 2048;  // fc3 alone
-  o.bucket_cap_bytes = 8192;        // fc2 + fc1.bias; fc1.weight (12 KiB) alone: never split
+  o.bucket_cap_bytes = 8192;        // fc2; fc1 (12 KiB weight and its bias) alone: never split...
+  if (cfg.split) {
+    // ...unless asked: fc1.weight (12 KiB) in 2 pieces of 24 rows (fc2.weight,
+    // 6 KiB, is not above the limit), and backward reports it in 3 blocks of
+    // 16 rows: the pieces do not line up with the blocks on purpose, a piece
+    // goes once every element of it is final.
+    o.split_bytes = 6144;
+    net.set_grad_blocks(3);
+  }
   auto made = train::data_parallel<DpComm>::create(dpc, net.parameters(), o);
   MP_REQUIRE_OK(made);
   auto& ddp = made.value();
-  MP_REQUIRE(ddp.buckets().buckets.size() == 3);
+  const std::size_t nb = cfg.split ? 4 : 3;
+  MP_REQUIRE(ddp.buckets().buckets.size() == nb);
   train::sgd opt(net.parameters(), {lr, momentum, 0.0f, false});
   train::distributed_sampler sampler(dataset, rank, n, /*seed=*/7);
   const int steps_per_epoch = dataset / global_batch;
@@ -159,7 +173,10 @@ int train_loop(Raw& raw, DpComm& dpc, const run_cfg& cfg, int* collectives_in_no
       const int before = dpc_calls(dpc);
       train::softmax_cross_entropy(net.forward(x.data(), micro), y.data(), micro, classes, net.output_grad(),
                                    1.0f / static_cast<float>(local));
-      net.backward(micro, [&](train::parameter& p) { ddp.grad_ready(p); });
+      if (cfg.split)
+        net.backward(micro, [&](train::parameter& p, auto... r) { ddp.grad_ready(p, r...); }, /*accumulate=*/m > 0);
+      else
+        net.backward(micro, [&](train::parameter& p) { ddp.grad_ready(p); });
       if (!last) {
         MP_REQUIRE_OK(ddp.synchronize());  // a no-op while sync is off
         if (collectives_in_no_sync) *collectives_in_no_sync += dpc_calls(dpc) - before;
@@ -167,14 +184,16 @@ int train_loop(Raw& raw, DpComm& dpc, const run_cfg& cfg, int* collectives_in_no
     }
     MP_REQUIRE_OK(ddp.synchronize());
     if (n > 1) {
-      // Overlap, structurally: buckets 0 and 1 were issued from grad_ready,
-      // i.e. before backward returned; the last one by synchronize().
+      // Overlap, structurally: every bucket but the last was issued from
+      // grad_ready, i.e. before backward returned (in split mode also the
+      // first pieces of fc1.weight); the last one by synchronize().
       const auto& tl = ddp.timeline();
-      MP_CHECK(tl.size() == 3 && tl[0].launched_us <= ddp.backward_end_us() && tl[1].launched_us <= ddp.backward_end_us() &&
-               tl[2].launched_us >= ddp.backward_end_us());
+      bool ok = tl.size() == nb && tl[nb - 1].launched_us >= ddp.backward_end_us();
+      for (std::size_t b = 0; ok && b + 1 < nb; ++b) ok = tl[b].launched_us <= ddp.backward_end_us();
+      MP_CHECK(ok);
     }
     opt.step();
-    ddp.zero_grad();
+    if (!cfg.split) ddp.zero_grad();  // split mode: the next backward overwrites
 
     std::uint64_t h = 1469598103934665603ull;
     for (train::parameter* p : net.parameters()) h = fnv(p->value(), p->bytes(), h);
@@ -213,7 +232,8 @@ void run(const run_cfg& cfg) {
             counting_comm<default_communicator> w{c.get()};
             rc = train_loop(*c, w, cfg, &calls);
             MP_CHECK(calls == 0);  // no_sync micro-batches communicated nothing
-            MP_CHECK(w.async_calls == steps * 2);  // buckets 0 and 1 async, the last blocking
+            // Every bucket but the last async, the last blocking.
+            MP_CHECK(w.async_calls == steps * (cfg.split ? 3 : 2));
           } else {
             rc = train_loop(*c, *c, cfg, nullptr);
           }
@@ -374,4 +394,28 @@ TEST_CASE("data_parallel: no_sync accumulation over 2 micro-batches communicates
   const std::size_t per_step = a.size() / steps;
   // Accumulating micro-batches is one more summation order of the same 64 terms.
   check_within_bound("2 ranks x 2 micro-batches", a, b, trajectory_bound(terms, a, per_step), per_step);
+}
+
+TEST_CASE("data_parallel: split buckets (fc1.weight in row blocks) and overwriting backward, 2 and 4 ranks") {
+  test::temp_dir dir;
+  const std::string t1 = dir.path + "/r1", s2 = dir.path + "/s2", s4 = dir.path + "/s4", acc = dir.path + "/acc",
+                    terms = dir.path + "/terms";
+  run({1, 1, false, false, t1, terms});
+  run_cfg two{2, 1, false, true, s2, ""};  // through the wrapper: 3 async calls per step
+  two.split = true;
+  run(two);
+  run_cfg four{4, 1, false, false, s4, ""};
+  four.split = true;
+  run(four);
+  run_cfg micro{2, 2, false, true, acc, ""};  // no_sync: the first micro-batch overwrites, the second adds
+  micro.split = true;
+  run(micro);
+  const auto a = read_floats(t1);
+  const std::size_t per_step = a.size() / steps;
+  const auto bound = trajectory_bound(terms, a, per_step);
+  // Blocks change only how the GEMM groups rows, not which 64 terms each
+  // gradient element adds up: the same bound holds.
+  check_within_bound("2 ranks, split", a, read_floats(s2), bound, per_step);
+  check_within_bound("4 ranks, split", a, read_floats(s4), bound, per_step);
+  check_within_bound("2 ranks x 2 micro-batches, split", a, read_floats(acc), bound, per_step);
 }

@@ -7,16 +7,19 @@
 //                         collectives run on the caller's thread, every *_async
 //                         call returns errc::unsupported (collective/work_queue.hpp).
 //                         Set it the same way in every TU of a program (ODR).
-//                         The TCP store server that cclite::init() starts on
-//                         rank 0 still runs one Asio thread: with no threads at
-//                         all, rendezvous through a file store or a store hosted
-//                         elsewhere (communicator<...>::create(store&, ...)).
+//                         No rank starts a thread, rank 0 included: the TCP
+//                         store server of cclite::init() runs its poll loop in
+//                         a forked helper process instead (tcp/rendezvous.hpp);
+//                         a program that cannot fork hosts a store_server with
+//                         no thread itself (store_server::progress()/hook())
+//                         or rendezvouses through a file store.
 //
 // Macros this header defines for the rest of the library:
 //   CCLITE_HAS_EXCEPTIONS 0/1
 //   CCLITE_RESTRICT       `__restrict` where the compiler has it: lets the
 //                         reduction loops vectorise without runtime alias checks.
 //   CCLITE_LIKELY(x) / CCLITE_UNLIKELY(x)
+//   CCLITE_SETUP_CODE_BEGIN / _END  set-up code compiled for size (below)
 #pragma once
 
 #define CCLITE_VERSION_MAJOR 0
@@ -47,12 +50,28 @@
 // relies on floating-point exceptions. Both BEGIN and END must enclose whole
 // function definitions so that callers and callees share the options (GCC
 // does not inline across different optimize settings).
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)  // nvcc warns on the pragmas
 #define CCLITE_FP_KERNELS_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"no-trapping-math\")")
 #define CCLITE_FP_KERNELS_END _Pragma("GCC pop_options")
 #else
 #define CCLITE_FP_KERNELS_BEGIN
 #define CCLITE_FP_KERNELS_END
+#endif
+
+// Set-up code (stores, rendezvous, launcher detection: run once per job) is
+// compiled for size: it is most of the code a program gets from cclite and of
+// the compile time of a TU that calls init(), and never runs inside a
+// collective. GCC only, and only when optimising (a -O0 build stays
+// debuggable); CCLITE_SETUP_FOR_SPEED keeps the command line's level. BEGIN
+// and END enclose whole function definitions and never a std header. GCC
+// still inlines a small size-optimised function into a speed-optimised caller.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && \
+    !defined(CCLITE_SETUP_FOR_SPEED)
+#define CCLITE_SETUP_CODE_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"Os\")")
+#define CCLITE_SETUP_CODE_END _Pragma("GCC pop_options")
+#else
+#define CCLITE_SETUP_CODE_BEGIN
+#define CCLITE_SETUP_CODE_END
 #endif
 
 // Byte order and alignment, where the wire depends on them:

@@ -6,6 +6,7 @@
 //
 // CUDA calls are made in forked children only: the CUDA runtime does not
 // survive fork(), so the parent stays CUDA-free for the next test case.
+#include <cclite/cuda/device_communicator.hpp>
 #include <cclite/cuda/gpu_backend.hpp>
 #include <cclite/cuda/ipc.hpp>
 #include <cclite/cuda/runtime.hpp>
@@ -205,7 +206,92 @@ TEST_CASE("CPU allreduce works in a binary that probed CUDA") {
   CHECK_MESSAGE(r.all_ok(), r.describe());
 }
 
+TEST_CASE("device_communicator: host pointers take the host path") {
+  CHECK(in_child([] {
+    std::vector<float> a(16), b(16);
+    MP_CHECK(cuda::route_of(a.data(), b.data()) == cuda::buffer_route::host);
+    MP_CHECK(cuda::route_of(a.data(), a.data()) == cuda::buffer_route::host);
+    MP_CHECK(cuda::route_of(nullptr, a.data()) == cuda::buffer_route::host);
+    MP_CHECK(std::string(cuda::to_string(cuda::buffer_route::mixed)) == "mixed");
+    if (cuda::available()) {
+      auto d = cuda::device_buffer::allocate(64);
+      MP_REQUIRE_OK(d);
+      MP_CHECK(cuda::route_of(d.value().data(), d.value().data()) == cuda::buffer_route::device);
+      MP_CHECK(cuda::route_of(a.data(), d.value().data()) == cuda::buffer_route::mixed);
+    }
+    return 0;
+  }));
+}
+
+TEST_CASE("device_communicator without a device: clear status, CPU collectives go on") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(2, [&](int rank, int size) {
+    auto kv = test::open_dir_store(dir.path);
+    auto comm = test::make_comm(*kv, rank, size);
+    using dcomm = cuda::device_communicator<default_communicator>;
+    cuda::device_options o;
+    o.backend = "native";
+    const auto t0 = clock::now();
+    auto dc = dcomm::create(*comm, o);
+    if (cuda::available()) {
+      // With a GPU (two ranks may share it): the native engine, host pointers on the CPU path.
+      MP_REQUIRE_OK(dc);
+      MP_CHECK(dc.value()->engine() == cuda::gpu_backend::native);
+      std::vector<std::int32_t> v(1000, rank + 1);
+      MP_REQUIRE_OK(dc.value()->allreduce(v.data(), v.size()));
+      for (auto x : v) MP_CHECK(x == 3);
+    } else {
+      MP_REQUIRE(!dc.ok());
+      std::printf("cuda_test: rank %d: %s\n", rank, dc.error().to_string().c_str());
+      MP_CHECK(dc.error().code() == errc::unsupported);
+      MP_CHECK(contains(dc.error().message(), "no CUDA device"));
+      MP_CHECK(contains(dc.error().message(), "device_communicator rank"));
+      // Fails before any collective: no rank waits for the other.
+      MP_CHECK(clock::now() - t0 < std::chrono::seconds(10));
+      // A bad CCLITE_GPU_BACKEND is not what is reported without a device either:
+      // the device comes first, the same answer on every rank.
+      o.backend = "gloo";
+      auto again = dcomm::create(*comm, o);
+      MP_CHECK(!again.ok() && again.error().code() == errc::unsupported);
+    }
+    // The CPU communicator is untouched: host collectives work on.
+    std::vector<double> x(4097, double(rank + 1));
+    MP_REQUIRE_OK(comm->allreduce(x.data(), x.size()));
+    for (double v : x) MP_CHECK(v == 3.0);
+    MP_REQUIRE_OK(comm->barrier());
+    return 0;
+  }, std::chrono::seconds(120), [](int rank) { test::set_net_env(test::net::shm_only, rank, 2); });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
+}
+
 #if defined(CCLITE_HAS_NCCL)
+
+TEST_CASE("NCCL unique id over a CPU communicator") {
+  // broadcast_unique_id: the device communicator's way (no store needed); no GPU needed.
+  test::temp_dir dir;
+  auto r = test::run_ranks(2, [&](int rank, int size) {
+    auto kv = test::open_dir_store(dir.path);
+    auto comm = test::make_comm(*kv, rank, size);
+    auto id = nccl::broadcast_unique_id(*comm);
+    MP_REQUIRE_OK(id);
+    std::uint64_t h = 1469598103934665603ull;
+    const auto* p = reinterpret_cast<const unsigned char*>(&id.value());
+    bool nonzero = false;
+    for (std::size_t i = 0; i < sizeof(ncclUniqueId); ++i) h = (h ^ p[i]) * 1099511628211ull, nonzero |= p[i] != 0;
+    MP_CHECK(nonzero);
+    std::uint64_t lo = h, hi = h;
+    MP_REQUIRE_OK(comm->allreduce(&lo, 1, reduce_op::min));
+    MP_REQUIRE_OK(comm->allreduce(&hi, 1, reduce_op::max));
+    MP_CHECK(lo == hi);  // every rank holds rank 0's id
+    if (!cuda::available()) {
+      auto b = nccl::backend::create_with_id(id.value(), rank, size);
+      MP_CHECK(!b.ok() && b.error().code() == errc::unsupported);
+      MP_CHECK(contains(b.error().message(), "no CUDA device"));
+    }
+    return 0;
+  }, std::chrono::seconds(120), [](int rank) { test::set_net_env(test::net::shm_only, rank, 2); });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
+}
 
 TEST_CASE("NCCL dtype and op mapping") {
   const ncclDataType_t expect[] = {ncclInt8,  ncclUint8,    ncclInt32,    ncclUint32,  ncclInt64,

@@ -7,8 +7,10 @@
 #                        and the NCCL backend's no-device error
 #   cclite_header_check_gpu   every cuda/nccl .hpp on its own, twice (-fno-exceptions
 #                        -fno-rtti the second time); part of ctest's header_check
-#   reduce_kernels_gpu, ipc_gpu (nvcc), staging_gpu, nccl_gpu (g++)
+#   reduce_kernels_gpu, ipc_gpu (nvcc), staging_gpu, nccl_gpu, device_comm_gpu (g++)
 #                        need a GPU: built here on every run, run by tests/gpu/run.sh
+#   train_fashion_mnist_cuda (ctest, train_cuda.sh): the GPU sample's clean 'no CUDA
+#                        device' exit here; 1 epoch on 2 ranks sharing the GPU there
 if(NOT TARGET cclite_cuda)
   return()
 endif()
@@ -43,6 +45,17 @@ endif()
 add_executable(staging_gpu ${CMAKE_CURRENT_LIST_DIR}/staging_gpu.cpp)
 target_link_libraries(staging_gpu PRIVATE cclite::cclite cclite_cuda)
 target_compile_options(staging_gpu PRIVATE -Wall -Wextra)
+
+# cclite::cuda::device_communicator on device buffers: 2 processes sharing the
+# GPU (native engine), 1 process with NCCL (g++: the engine is host code).
+if(TARGET cclite::shm OR TARGET cclite::tcp)
+  add_executable(device_comm_gpu ${CMAKE_CURRENT_LIST_DIR}/device_comm_gpu.cpp)
+  target_link_libraries(device_comm_gpu PRIVATE cclite::cclite cclite_cuda)
+  if(TARGET cclite_nccl)
+    target_link_libraries(device_comm_gpu PRIVATE cclite_nccl)
+  endif()
+  target_compile_options(device_comm_gpu PRIVATE -Wall -Wextra)
+endif()
 
 # Header self-containment for the GPU parts (the .hpp files; .cuh need nvcc and
 # are compiled by reduce_kernels_gpu): each on its own, with cclite::cuda /
@@ -87,7 +100,7 @@ if(_gpu_hc_sources)
 endif()
 
 # The GPU programs are ctest cases too: skipped (exit 77) without a GPU, run with one.
-foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu)
+foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu device_comm_gpu)
   if(TARGET ${_gpu_prog})
     add_test(NAME ${_gpu_prog} COMMAND ${_gpu_prog})
   endif()
@@ -96,7 +109,16 @@ if(TARGET nccl_gpu)
   add_test(NAME nccl_gpu COMMAND nccl_gpu check 1)
   add_test(NAME nccl_gpu_missing_rank COMMAND nccl_gpu missing_rank)
 endif()
-foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu nccl_gpu nccl_gpu_missing_rank)
+# The GPU trainer sample (samples/train_fashion_mnist_cuda.cu): without a GPU it
+# must exit non-zero saying "no CUDA device" (checked here, on every machine);
+# with one, 1 epoch on 2 ranks sharing the GPU through cclite-run must reach a
+# test accuracy above 0.8 (skipped, 77, when the dataset is missing).
+if(TARGET train_fashion_mnist_cuda AND TARGET cclite-run)
+  add_test(NAME train_fashion_mnist_cuda
+    COMMAND ${CMAKE_CURRENT_LIST_DIR}/train_cuda.sh $<TARGET_FILE:train_fashion_mnist_cuda> $<TARGET_FILE:cclite-run>)
+  set_tests_properties(train_fashion_mnist_cuda PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "gpu")
+endif()
+foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu device_comm_gpu nccl_gpu nccl_gpu_missing_rank)
   if(TEST ${_gpu_prog})
     set_tests_properties(${_gpu_prog} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "gpu")
   endif()

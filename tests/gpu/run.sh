@@ -28,6 +28,14 @@
 #                        with NCCL; that path belongs to the CUDA IPC transport)
 #   nccl_gpu perf        NCCL allreduce of 256 MiB float (time, algbw, busbw)
 #   nccl_gpu missing_rank a rank that never joins: timeout after 5 s, no hang
+#   device_comm_gpu      cclite::cuda::device_communicator: 2 processes sharing the GPU
+#                        (native engine: stream-ordered allreduce of every dtype x op,
+#                        the call returning while the stream is busy, the blocking form
+#                        routed by pointer, auto -> native, 256 MiB busbw), then 1
+#                        process with the NCCL engine
+#   train_cuda           tests/gpu/train_cuda.sh: samples/train_fashion_mnist_cuda, 1 epoch
+#                        on 2 ranks sharing the GPU via cclite-run, test accuracy > 0.8
+#                        (skipped without the dataset: FASHION_MNIST_DIR)
 # Exit status: 0 all passed, 1 a failure, 77 nothing failed but no GPU was found.
 set -u
 cd "$(dirname "$0")/../.."
@@ -72,6 +80,13 @@ print_table() {  # results file
   awk '$1=="RESULT" && $2=="staged_allreduce_perf" { printf "  staged allreduce %d MiB float sum, 2 ranks on 1 GPU via pinned host + shm: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
   awk '$1=="RESULT" && $2=="ipc_allreduce_perf" { printf "  allreduce %d MiB float sum, 2 ranks on 1 GPU: %.1f us per call (incl. a host barrier), algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
   echo
+  echo "cclite::cuda::device_communicator (allreduce on device buffers; every op; ok = bit-exact):"
+  awk '$1=="RESULT" && $2=="devcomm" && $3 ~ /_allreduce$/ { e=$3; sub(/_allreduce$/, "", e); line[e] = line[e] sprintf(" %s:%s", $4, $5) }
+       END { n=0; for (e in line) { printf "  %-7s%s\n", e, line[e]; n++ } if (!n) print "  (no results)" }' "$RES"
+  awk '$1=="RESULT" && $2=="devcomm" && $3 !~ /_allreduce$/ { $1=""; $2=""; sub(/^  /, ""); print "  " $0 }' "$RES"
+  awk '$1=="RESULT" && $2=="devcomm_allreduce_perf" { printf "  stream-ordered native allreduce %d MiB float sum, 2 ranks on 1 GPU: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
+  grep -h '^RESULT train_cuda' "$RES" | sed 's/^RESULT train_cuda /  GPU trainer sample: /'
+  echo
   echo "Device reduction kernels (every op; aligned and misaligned; in place and not; bit-exact vs host):"
   awk '$1=="RESULT" && $2=="kernel" { line = line sprintf(" %s:%s", $3, $4) } END { print "  " (line ? line : " (no results)") }' "$RES"
   awk '$1=="RESULT" && $2=="kernel_bw" { printf "  out = a + b, %-8s: %7.1f GB/s = %5.1f%% of device-to-device copy (%.1f GB/s, same run; goal >= 85%%)\n", $3, $5, $7, $6 }' "$RES"
@@ -96,10 +111,14 @@ if command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}
   [ -f /usr/include/asio.hpp ] || [ -f /usr/local/include/asio.hpp ] || tcp=OFF
   say "cmake configure (tcp=$tcp, arch=$ARCH)"
   if cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-       -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCCLITE_WITH_TCP=$tcp -DCCLITE_BUILD_SAMPLES=OFF \
-       -DCCLITE_BUILD_BENCH=OFF -DCCLITE_BUILD_TOOLS=OFF -DCCLITE_HEADER_CHECK=OFF >>"$LOG" 2>&1 &&
+       -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCCLITE_WITH_TCP=$tcp -DCCLITE_BUILD_SAMPLES=ON \
+       -DCCLITE_BUILD_BENCH=OFF -DCCLITE_BUILD_TOOLS=ON -DCCLITE_HEADER_CHECK=OFF >>"$LOG" 2>&1 &&
      cmake --build "$BUILD" -j"$JOBS" --target cuda_test reduce_kernels_gpu ipc_gpu staging_gpu nccl_gpu >>"$LOG" 2>&1; then
     built_with=cmake
+    # Optional parts: a failure here costs only their steps (NOT_BUILT).
+    cmake --build "$BUILD" -j"$JOBS" --target device_comm_gpu >>"$LOG" 2>&1 || say "device_comm_gpu not built (see $LOG)"
+    cmake --build "$BUILD" -j"$JOBS" --target cclite-run train_fashion_mnist_cuda >>"$LOG" 2>&1 ||
+      say "train_fashion_mnist_cuda / cclite-run not built (needs zlib and cuBLAS; see $LOG)"
   else
     say "cmake build failed (see $LOG); trying nvcc/g++ directly"
   fi
@@ -119,6 +138,9 @@ if [ $built_with = none ]; then
   g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 \
       "$ROOT/tests/gpu/staging_gpu.cpp" -L"$CUDA/lib64" -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
       -o "$BIN/staging_gpu" >>"$LOG" 2>&1
+  g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 -DCCLITE_HAS_NCCL=1 \
+      "$ROOT/tests/gpu/device_comm_gpu.cpp" -L"$CUDA/lib64" -lnccl -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
+      -o "$BIN/device_comm_gpu" >>"$LOG" 2>&1
   wait
   built_with=direct
 fi
@@ -155,6 +177,14 @@ run staging_gpu 60 "$BIN/staging_gpu"
 run nccl_check 60 "$BIN/nccl_gpu" check "${NCCL_RANKS:-1}"
 run nccl_perf 45 "$BIN/nccl_gpu" perf $((256 << 20))
 run nccl_missing_rank 30 "$BIN/nccl_gpu" missing_rank
+run device_comm_gpu 120 "$BIN/device_comm_gpu"
+if [ -x "$BIN/train_fashion_mnist_cuda" ] && [ -x "$BIN/cclite-run" ]; then
+  run train_cuda 300 "$ROOT/tests/gpu/train_cuda.sh" "$BIN/train_fashion_mnist_cuda" "$BIN/cclite-run"
+elif [ $built_with = direct ]; then
+  echo "RESULT step train_cuda SKIPPED_DIRECT_BUILD" >> "$RES"; say "train_cuda: skipped (direct build)"
+else
+  echo "RESULT step train_cuda NOT_BUILT" >> "$RES"; fails=$((fails + 1)); say "train_cuda: not built"
+fi
 
 print_table "$RES"
 skips=$(grep -c 'SKIPPED_NO_GPU' "$RES")

@@ -76,10 +76,13 @@ class primitives {
                                int divide_by = 0) {
     return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
       const std::size_t elems = n / elem_;
-      if (divide_by == 0 && local != out) {
-        red_->copy2(out + off, dst, local + off, in, elems);
-        return;
-      }
+      // Reduce into `out`, then forward the piece (still in L1/L2) with
+      // memcpy, rather than one fused pass (reduction::copy2) that also
+      // stores into the FIFO. The FIFO's lines were last read by the peer's
+      // core, and a compiled loop interleaving stores to them with stores to
+      // `out` stalled: 2-rank out-of-place allreduce ran at half the in-place
+      // speed (1-4 MiB: 4.3-5.0 GB/s fused, 10-12 GB/s this way, same session;
+      // docs/performance.md, session 3). The in-place path always did this.
       if (local == out) red_->inplace(out + off, in, elems);
       else red_->copy(out + off, local + off, in, elems);
       if (divide_by > 0) red_->divide(out + off, elems, divide_by);

@@ -39,9 +39,12 @@
 #include <thread>
 #include <vector>
 
+#include <cclite/config.hpp>
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite {
 
@@ -358,3 +361,4 @@ class file_store final : public store {
 };
 
 }  // namespace cclite
+CCLITE_SETUP_CODE_END

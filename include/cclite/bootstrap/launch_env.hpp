@@ -31,7 +31,10 @@
 #include <functional>
 #include <string>
 
+#include <cclite/config.hpp>
 #include <cclite/core/status.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite {
 
@@ -284,3 +287,4 @@ inline result<launch_info> detect_launch() {
 }
 
 }  // namespace cclite
+CCLITE_SETUP_CODE_END

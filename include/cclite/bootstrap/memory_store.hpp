@@ -16,9 +16,12 @@
 #include <string>
 #include <vector>
 
+#include <cclite/config.hpp>
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite {
 
@@ -126,3 +129,4 @@ class memory_store final : public store {
 };
 
 }  // namespace cclite
+CCLITE_SETUP_CODE_END

@@ -15,8 +15,11 @@
 #include <string>
 #include <vector>
 
+#include <cclite/config.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite {
 
@@ -90,3 +93,4 @@ inline result<std::vector<std::string>> store_allgather(store& s, const std::str
 }
 
 }  // namespace cclite
+CCLITE_SETUP_CODE_END

@@ -2,7 +2,8 @@
 // topology, transports and links, and the set-up that builds them.
 //
 // Private base of communicator<...> (collective/communicator.hpp, the public
-// API). Set-up: join a generation of the store, exchange peer_info, build the
+// API), through comm_algorithms (collective/comm_algorithms.hpp: the
+// algorithm runners). Set-up: join a generation of the store, exchange peer_info, build the
 // topology, choose a transport per peer, connect the ring neighbours. Other
 // links are connected on first use, always in (min, max) pair order so that
 // the blocking pairwise handshakes cannot deadlock.
@@ -17,11 +18,9 @@
 #include <vector>
 
 #include <cclite/algorithm/primitives.hpp>
-#include <cclite/algorithm/ring_gather.hpp>
 #include <cclite/bootstrap/store.hpp>
-#include <cclite/algorithm/halving_doubling.hpp>
-#include <cclite/algorithm/recursive_doubling.hpp>
-#include <cclite/algorithm/tree.hpp>
+#include <cclite/collective/cost_measure.hpp>
+#include <cclite/collective/link_pool.hpp>
 #include <cclite/collective/mismatch.hpp>
 #include <cclite/collective/op.hpp>
 #include <cclite/collective/select.hpp>
@@ -53,16 +52,27 @@ class comm_core {
  protected:
   using transports = transport_set<Transports...>;
   using link = typename transports::link;
+  using pool_t = link_pool<Transports...>;
 
-  comm_core(store& kv, int rank, int size) : user_kv_(kv), rank_(rank), size_(size), log_(rank) {}
+  // A root communicator (create()): a pool of its own.
+  comm_core(store& kv, int rank, int size)
+      : pool_(std::make_shared<pool_t>(kv, rank)), aborted_(pool_->aborted), user_kv_(kv), rank_(rank),
+        size_(size), log_(rank) {}
+  // A child (split(), hierarchical): the family's pool; root_of[r] = root rank of rank r.
+  comm_core(std::shared_ptr<pool_t> pool, std::vector<int> root_of, int rank)
+      : pool_(std::move(pool)), aborted_(pool_->aborted), user_kv_(pool_->user_kv), rank_(rank),
+        size_(static_cast<int>(root_of.size())), log_(rank), root_of_(std::move(root_of)) {}
 
   const char* transport_of(int peer) const {
-    return peer == rank_ ? "self" : transports::name(choice_[static_cast<std::size_t>(peer)]);
+    return peer == rank_ ? "self" : transports::name(pool_->choice[root(peer)]);
   }
+  std::size_t root(int r) const { return static_cast<std::size_t>(root_of_[static_cast<std::size_t>(r)]); }
+  link& link_at(int r) { return pool_->links[root(r)]; }
 
   // ---- set-up ------------------------------------------------------------------------
 
-  status init(comm_options opts) {
+  // What roots and children set up alike.
+  status init_common(comm_options& opts) {
     if (opts.timeout.count() == -2) {
       auto t = env::timeout();
       if (!t) return t.error();
@@ -82,6 +92,11 @@ class comm_core {
     hdr_.seen = hdr_seen_.data();
     CCLITE_TRY(select_.init(log_));
     scratch_.resize(32 << 10);  // recursive doubling's receive buffer; grows only if forced larger
+    return {};
+  }
+
+  status init(comm_options opts) {
+    CCLITE_TRY(init_common(opts));
     const deadline until = deadline::after(timeout_);
 
     // A generation number per communicator built on this store: ranks of the
@@ -90,7 +105,12 @@ class comm_core {
     auto joined = user_kv_.add(opts.store_prefix + "/join", 1);
     if (!joined) return joined.error();
     const std::int64_t gen = (joined.value() - 1) / size_;
-    kv_ = std::make_unique<prefix_store>(user_kv_, opts.store_prefix + "/" + std::to_string(gen) + "/");
+    prefix_ = opts.store_prefix + "/" + std::to_string(gen) + "/";
+    kv_ = std::make_unique<prefix_store>(user_kv_, prefix_);
+    pool_->kv = std::make_unique<prefix_store>(user_kv_, prefix_);
+    comm_id_ = comm_id_of(prefix_);
+    root_of_.resize(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) root_of_[static_cast<std::size_t>(r)] = r;
 
     peer_info self = local_peer_info(rank_);
     auto names = transports::enabled_names();
@@ -115,34 +135,74 @@ class comm_core {
     auto tag = kv_->get("tag", until);
     if (!tag) return tag.error();
 
-    ctx_.rank = rank_;
-    ctx_.size = size_;
-    ctx_.peers = &peers_;
-    ctx_.kv = kv_.get();
-    ctx_.log = &log_;
-    ctx_.aborted = &aborted_;
-    ctx_.job_tag = tag.value();
-    transports_ = std::make_unique<transports>(ctx_);
-    CCLITE_TRY(transports_->publish(peers_[static_cast<std::size_t>(rank_)]));
+    tag_ = tag.value();
+    pool_->peers = peers_;
+    transport_context& ctx = pool_->ctx;
+    ctx.rank = rank_;
+    ctx.size = size_;
+    ctx.peers = &pool_->peers;
+    ctx.kv = pool_->kv.get();
+    ctx.log = &pool_->log;
+    ctx.aborted = &pool_->aborted;
+    ctx.job_tag = tag_;
+    pool_->set = std::make_unique<transports>(ctx);
+    CCLITE_TRY(pool_->set->publish(peers_[static_cast<std::size_t>(rank_)]));
 
     CCLITE_INFO(log_, "init: rank %d of %d, local rank %d of %d, %s", rank_, size_, topo_.local_rank(rank_),
                 topo_.local_size(rank_), topo_.describe(peers_).c_str());
     CCLITE_TRY(choose_transports());
-    links_.resize(static_cast<std::size_t>(size_));
+    pool_->links.resize(static_cast<std::size_t>(size_));
     if (size_ > 1) {
       CCLITE_TRY(connect_ring(until));
       CCLITE_TRY(fit_chunk_to_buffers(until));
+      CCLITE_TRY(measure_costs(until));
+    }
+    return {};
+  }
+
+  // A child over the family's pool: its peers are the root's, renumbered; no
+  // transport of its own, links come from the pool (link_pool.hpp).
+  status init_child(comm_options opts, std::string prefix, std::string tag) {
+    CCLITE_TRY(init_common(opts));
+    const deadline until = deadline::after(timeout_);
+    prefix_ = std::move(prefix);
+    tag_ = std::move(tag);
+    kv_ = std::make_unique<prefix_store>(user_kv_, prefix_);
+    comm_id_ = comm_id_of(prefix_);
+    for (int r = 0; r < size_; ++r) {
+      peers_.push_back(pool_->peers[root(r)]);
+      peers_.back().rank = r;
+    }
+    auto t = topology::build(peers_);
+    if (!t) return t.error();
+    topo_ = std::move(t.value());
+    // What the transports published for this rank at the root's creation,
+    // under this rank's number here: shm-direct reads the pid namespace.
+    const std::string ns_key = "shm/pidns/" + std::to_string(root(rank_));
+    auto has_ns = pool_->kv->check(ns_key);
+    if (has_ns && has_ns.value()) {
+      auto ns = pool_->kv->get(ns_key, until);
+      if (!ns) return ns.error();
+      CCLITE_TRY(kv_->set("shm/pidns/" + std::to_string(rank_), ns.value()));
+    }
+    CCLITE_INFO(log_, "init: rank %d of %d (rank %d of the communicator it was split from), sharing its links, %s",
+                rank_, size_, root_of_[static_cast<std::size_t>(rank_)], topo_.describe(peers_).c_str());
+    if (size_ > 1) {
+      CCLITE_TRY(connect_ring(until));
+      CCLITE_TRY(fit_chunk_to_buffers(until));
+      apply_costs();
     }
     return {};
   }
 
   status choose_transports() {
+    std::vector<int>& choice_ = pool_->choice;
     choice_.assign(static_cast<std::size_t>(size_), -1);
     const peer_info& me = peers_[static_cast<std::size_t>(rank_)];
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       const peer_info& p = peers_[static_cast<std::size_t>(r)];
-      int c = transports_->choose(me, p);
+      int c = pool_->set->choose(me, p);
       if (c < 0) {
         return make_error(errc::no_transport,
                           "no transport can reach %s from %s: this rank enabled [%s], the peer "
@@ -160,8 +220,13 @@ class comm_core {
   // Ring neighbours are connected eagerly, in (min, max) pair order on every
   // rank: a global order of pairs, so blocking pairwise handshakes cannot deadlock.
   status connect_ring(deadline until) {
+    // Pair order by root ranks: a child connects in the order its family does.
     int a = topo_.ring_prev(rank_), b = topo_.ring_next(rank_);
-    auto key = [&](int p) { return std::min(rank_, p) * size_ + std::max(rank_, p); };
+    const std::int64_t me = static_cast<std::int64_t>(root(rank_)), n = static_cast<std::int64_t>(pool_->links.size());
+    auto key = [&](int p) {
+      const std::int64_t q = static_cast<std::int64_t>(root(p));
+      return std::min(me, q) * n + std::max(me, q);
+    };
     if (key(b) < key(a)) std::swap(a, b);
     CCLITE_TRY(connect_peer(a, until));
     if (b != a) CCLITE_TRY(connect_peer(b, until));
@@ -180,7 +245,7 @@ class comm_core {
     for (int p : {topo_.ring_prev(rank_), topo_.ring_next(rank_)}) {
       std::visit([&](const auto& l) {
         if constexpr (has_capacity<std::decay_t<decltype(l)>>::value) mine = std::min(mine, l.capacity());
-      }, links_[static_cast<std::size_t>(p)]);
+      }, link_at(p));
     }
     // The same exchange agrees on the job's slowest link kind, which the cost
     // model charges (every rank must choose the same algorithms): shm only if
@@ -215,18 +280,58 @@ class comm_core {
     scratch_.resize(std::max<std::size_t>(scratch_.size(), 2 * chunk_bytes_));
     return {};
   }
+  // CCLITE_COST_MEASURE=1: times every ring link, agrees on the slowest figure
+  // per link kind through the store, and charges it (cost_measure.hpp). The
+  // agreed figures stay in the pool for the children.
+  status measure_costs(deadline until) {
+    auto on = env::get_bool("COST_MEASURE", false, false);
+    if (!on) return on.error();
+    if (!on.value()) return {};
+    const int n = size_, pos = topo_.ring_position(rank_);
+    std::vector<std::uint8_t> buf(cost_probe::large_bytes);
+    std::string mine;
+    for (int phase = 0; phase < 3; ++phase) {
+      bool initiator = false;
+      const int at = probe_partner(pos, n, phase, initiator);
+      if (at < 0) continue;
+      const int peer = topo_.ring()[static_cast<std::size_t>(at)];
+      link_cost c;
+      CCLITE_TRY(ping_pong([&](const std::uint8_t* o, std::size_t ob, std::uint8_t* i, std::size_t ib) {
+        return exchange_with(peer, o, ob, i, ib, 1, until);
+      }, initiator, buf.data(), c));
+      if (initiator) append_measured(mine, transport_of(peer), c);
+    }
+    auto all = store_allgather(*kv_, "costm", rank_, size_, mine.empty() ? "-" : mine, until);
+    if (!all) return all.error();
+    pool_->measured_costs = agree_measured(all.value());
+    apply_costs();
+    return {};
+  }
+  void apply_costs() {
+    if (pool_->measured_costs.empty()) return;
+    apply_measured(select_.costs(), pool_->measured_costs);
+    select_.set_job(select_.link_kind(), chunk_bytes_);
+    for (const char* k : {"shm", "tcp"})
+      CCLITE_INFO(log_, "cost model: %s alpha %.2f us, %.2f GB/s (%s)", k, select_.costs().of(k).alpha_us,
+                  1e-3 / select_.costs().of(k).beta_us_per_byte, select_.costs().source(k));
+    CCLITE_INFO(log_, "cost model: links now charged as %s (alpha %.2f us, %.2f GB/s)", select_.link_kind().c_str(),
+                select_.costs().link().alpha_us, 1e-3 / select_.costs().link().beta_us_per_byte);
+  }
+
   template <class L, class = void>
   struct has_capacity : std::false_type {};
   template <class L>
   struct has_capacity<L, std::void_t<decltype(std::declval<const L&>().capacity())>> : std::true_type {};
 
+  // Connects rank p unless the family already has a link to it.
   status connect_peer(int p, deadline until) {
-    auto l = transports_->connect(choice_[static_cast<std::size_t>(p)], p, until);
+    if (link_at(p).index() != 0) return {};
+    auto l = pool_->set->connect(pool_->choice[root(p)], static_cast<int>(root(p)), until);
     if (!l) {
       return status(l.error().code(), "connecting to " + peers_[static_cast<std::size_t>(p)].describe() + " via " +
                                            transport_of(p) + ": " + l.error().message());
     }
-    links_[static_cast<std::size_t>(p)] = std::move(l.value());
+    link_at(p) = std::move(l.value());
     return {};
   }
 
@@ -234,8 +339,8 @@ class comm_core {
   // and `to` (data goes out).
   template <class F>
   status with_links(int from, int to, std::size_t elem, const reduction* red, deadline until, F&& fn) {
-    link& p = links_[static_cast<std::size_t>(from)];
-    link& n = links_[static_cast<std::size_t>(to)];
+    link& p = link_at(from);
+    link& n = link_at(to);
     if (p.index() == 0 || n.index() == 0)
       return make_error(errc::no_transport, "link to rank %d or %d is not connected", from, to);
     // One primitives type per transport set, not per link pair (any_link.hpp);
@@ -262,10 +367,11 @@ class comm_core {
     }
     int m = 0;
     for (int i = 0; i < count; ++i)
-      if (peers[i] != rank_ && links_[static_cast<std::size_t>(peers[i])].index() == 0) o[m++] = peers[i];
+      if (peers[i] != rank_ && link_at(peers[i]).index() == 0) o[m++] = peers[i];
     // Ascending peer order is (min, max) pair order seen from this rank: pairs
-    // (p, rank) with p < rank sort before every (rank, q).
-    std::sort(o, o + m);
+    // (p, rank) with p < rank sort before every (rank, q). Root ranks, so that
+    // a child's connects keep the family's global pair order.
+    std::sort(o, o + m, [&](int x, int y) { return root(x) < root(y); });
     for (int i = 0; i < m; ++i) CCLITE_TRY(connect_peer(o[i], until));
     return {};
   }
@@ -273,54 +379,6 @@ class comm_core {
   static status local_copy(const std::uint8_t* from, std::uint8_t* to, std::size_t bytes) {
     if (bytes && from != to) std::memcpy(to, from, bytes);
     return {};
-  }
-
-  // Allgather and allgatherv: own block into place, then the ring moves the rest.
-  status run_allgather(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t elem,
-                       deadline until) {
-    const int n = size_;
-    std::vector<std::size_t>& len = scratch_len_;
-    std::vector<std::size_t>& off = scratch_off_;
-    len.resize(static_cast<std::size_t>(n));  // no allocation after the first call
-    off.resize(static_cast<std::size_t>(n));
-    std::size_t max_len = 0;
-    for (int r = 0; r < n; ++r) {
-      const std::size_t i = static_cast<std::size_t>(r);
-      len[i] = d.counts ? d.counts[i] : d.count;
-      off[i] = d.displs ? d.displs[i] : i * d.count;
-      max_len = std::max(max_len, len[i]);
-    }
-    const std::size_t me = static_cast<std::size_t>(rank_);
-    if (d.counts && d.count != len[me]) {
-      return make_error(errc::invalid_argument, "allgatherv: send count %zu differs from counts[%d] = %zu",
-                        d.count, rank_, len[me]);
-    }
-    CCLITE_TRY(local_copy(send, recv + off[me] * elem, len[me] * elem));
-    if (n == 1) return {};
-    const ring_blocks b{topo_.ring().data(), len.data(), off.data(), max_len};
-    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / elem);
-    return with_links(topo_.ring_prev(rank_), topo_.ring_next(rank_), elem, nullptr, until, [&](auto& pr) {
-      return ring_allgather(pr, recv, elem, n, topo_.ring_position(rank_), b, chunk);
-    });
-  }
-
-  // Recursive doubling on `recv` (send copied in first), exchanging with each
-  // partner over a direct link.
-  status run_rd_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
-                          const reduction& red, deadline until) {
-    const std::size_t bytes = count * red.elem_size;
-    CCLITE_TRY(local_copy(send, recv, bytes));
-    if (scratch_.size() < bytes) scratch_.resize(bytes);  // only when rd is forced on large data
-    int peers[64];
-    const int m = recursive_doubling_peers(rank_, size_, peers);
-    CCLITE_TRY(ensure_links(peers, m, until));
-    auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
-      return with_links(peer, peer, red.elem_size, nullptr, until, [&](auto& pr) -> status {
-        CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
-        return pr.finish();
-      });
-    };
-    return recursive_doubling_allreduce(recv, scratch_.data(), count, red, rank_, size_, exchange);
   }
 
   // One framed point-to-point transfer with a peer: the building block of the
@@ -332,139 +390,6 @@ class comm_core {
       CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
       return pr.finish();
     });
-  }
-
-  // Rabenseifner's reduce-scatter + allgather on `recv` (send copied in first).
-  status run_hd_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
-                          const reduction& red, deadline until) {
-    CCLITE_TRY(local_copy(send, recv, count * red.elem_size));
-    const std::size_t need = halving_doubling_scratch(count, size_) * red.elem_size;
-    if (scratch_.size() < need) scratch_.resize(need);  // sized at init for the automatic range
-    int peers[64];
-    const int m = halving_doubling_peers(rank_, size_, peers);
-    CCLITE_TRY(ensure_links(peers, m, until));
-    auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
-      return exchange_with(peer, out, ob, in, ib, red.elem_size, until);
-    };
-    return halving_doubling_allreduce(recv, scratch_.data(), count, red, rank_, size_, exchange);
-  }
-
-  // The tree algorithms work on ring positions (node by node), so most tree
-  // edges stay inside a node; `root_pos` rotates a rooted tree onto the root.
-  template <class F>
-  status with_tree_peers(int root_pos, std::size_t elem, deadline until, bool both_trees, F&& fn) {
-    const int n = size_;
-    const int me = (topo_.ring_position(rank_) - root_pos + n) % n;
-    auto rank_at = [&](int tpos) { return topo_.ring()[static_cast<std::size_t>((tpos + root_pos) % n)]; };
-    int tp[6], peers[6];
-    int m = 0;
-    if (both_trees) {
-      m = double_tree_peers(me, n, tp);
-    } else {
-      tree_node t = bit_tree(me, n);
-      for (int p : {t.parent, t.child[0], t.child[1]})
-        if (p >= 0) tp[m++] = p;
-    }
-    for (int i = 0; i < m; ++i) peers[i] = rank_at(tp[i]);
-    CCLITE_TRY(ensure_links(peers, m, until));
-    auto send = [&](int tpos, const std::uint8_t* src, std::size_t b) {
-      return exchange_with(rank_at(tpos), src, b, nullptr, 0, elem, until);
-    };
-    auto recv = [&](int tpos, std::uint8_t* dst, std::size_t b) {
-      return exchange_with(rank_at(tpos), nullptr, 0, dst, b, elem, until);
-    };
-    return fn(me, send, recv);
-  }
-
-  // Tree pieces stay well inside a link buffer (see fit_chunk_to_buffers).
-  std::size_t tree_chunk_elems(std::size_t elem) const { return std::max<std::size_t>(1, chunk_bytes_ / elem); }
-
-  status run_tree_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
-                            const reduction& red, deadline until) {
-    CCLITE_TRY(local_copy(send, recv, count * red.elem_size));
-    const std::size_t chunk = tree_chunk_elems(red.elem_size);
-    if (scratch_.size() < chunk * red.elem_size) scratch_.resize(chunk * red.elem_size);
-    return with_tree_peers(0, red.elem_size, until, true, [&](int me, auto& snd, auto& rcv) {
-      return double_tree_allreduce(recv, scratch_.data(), count, red, me, size_, chunk, snd, rcv);
-    });
-  }
-
-  status run_tree_broadcast(std::uint8_t* data, std::size_t bytes, int root, std::size_t elem, deadline until) {
-    const std::size_t chunk = tree_chunk_elems(elem) * elem;
-    return with_tree_peers(topo_.ring_position(root), elem, until, false, [&](int me, auto& snd, auto& rcv) {
-      return tree_broadcast(data, bytes, me, size_, chunk, snd, rcv);
-    });
-  }
-
-  status run_tree_reduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, int root,
-                         const reduction& red, deadline until) {
-    const std::size_t chunk = tree_chunk_elems(red.elem_size);
-    if (scratch_.size() < 2 * chunk * red.elem_size) scratch_.resize(2 * chunk * red.elem_size);
-    return with_tree_peers(topo_.ring_position(root), red.elem_size, until, false, [&](int me, auto& snd, auto& rcv) {
-      return tree_reduce(send, recv, scratch_.data(), count, red, me, size_, chunk, snd, rcv);
-    });
-  }
-
-  // Gather / scatter straight between the root and each rank, in rank order.
-  status run_rooted_direct(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t bytes,
-                           std::size_t elem, deadline until) {
-    const bool gather = d.kind == collective_kind::gather;
-    const std::size_t me = static_cast<std::size_t>(rank_);
-    if (bytes && (gather ? !send : !recv)) return make_error(errc::invalid_argument, "%s: null buffer", to_string(d.kind));
-    if (bytes && rank_ == d.root && (gather ? !recv : !send))
-      return make_error(errc::invalid_argument, "%s: null buffer on the root", to_string(d.kind));
-    if (rank_ != d.root) {
-      CCLITE_TRY(ensure_links(&d.root, 1, until));
-      return with_links(d.root, d.root, elem, nullptr, until, [&](auto& pr) -> status {
-        CCLITE_TRY(gather ? pr.send(send, bytes) : pr.recv(recv, bytes));
-        return pr.finish();
-      });
-    }
-    if (gather) CCLITE_TRY(local_copy(send, recv + me * bytes, bytes));
-    else CCLITE_TRY(local_copy(send + me * bytes, recv, bytes));
-    std::vector<int>& all = scratch_peers_;
-    all.resize(static_cast<std::size_t>(size_));
-    for (int r = 0; r < size_; ++r) all[static_cast<std::size_t>(r)] = r;
-    CCLITE_TRY(ensure_links(all.data(), size_, until));
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      const std::size_t at = static_cast<std::size_t>(r) * bytes;
-      CCLITE_TRY(with_links(r, r, elem, nullptr, until, [&](auto& pr) -> status {
-        CCLITE_TRY(gather ? pr.recv(recv + at, bytes) : pr.send(send + at, bytes));
-        return pr.finish();
-      }));
-    }
-    return {};
-  }
-
-  // Pairwise exchange: in step k send to rank+k and receive from rank-k, both
-  // at once; n-1 steps, each rank sends (n-1)/n of its buffer.
-  status run_alltoall(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t elem,
-                      deadline until) {
-    const int n = size_;
-    auto scount = [&](int r) { return d.counts ? d.counts[r] : d.count; };
-    auto sdispl = [&](int r) { return d.displs ? d.displs[r] : static_cast<std::size_t>(r) * d.count; };
-    auto rcount = [&](int r) { return d.rcounts ? d.rcounts[r] : d.count; };
-    auto rdispl = [&](int r) { return d.rdispls ? d.rdispls[r] : static_cast<std::size_t>(r) * d.count; };
-    if (scount(rank_) != rcount(rank_)) {
-      return make_error(errc::invalid_argument, "alltoallv: send_counts[%d] = %zu but recv_counts[%d] = %zu",
-                        rank_, scount(rank_), rank_, rcount(rank_));
-    }
-    CCLITE_TRY(local_copy(send + sdispl(rank_) * elem, recv + rdispl(rank_) * elem, scount(rank_) * elem));
-    if (n == 1) return {};
-    std::vector<int>& all = scratch_peers_;
-    all.resize(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = r;
-    CCLITE_TRY(ensure_links(all.data(), n, until));
-    for (int k = 1; k < n; ++k) {
-      const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
-      CCLITE_TRY(with_links(from, to, elem, nullptr, until, [&](auto& pr) -> status {
-        CCLITE_TRY(pr.sendrecv(send + sdispl(to) * elem, scount(to) * elem, recv + rdispl(from) * elem,
-                               rcount(from) * elem));
-        return pr.finish();
-      }));
-    }
-    return {};
   }
 
   // ---- cross-rank checks and failure spreading -----------------------------------
@@ -490,6 +415,18 @@ class comm_core {
     });
     hdr_.active = false;
     return st;
+  }
+
+  // Before a collective runs other communicators' calls over the same links
+  // (the hierarchical algorithm's children): reads the ring predecessor's
+  // header now, so it is not left in the stream ahead of the children's data.
+  status settle_checks(deadline until) {
+    if (!hdr_.active || size_ < 2) return {};
+    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
+    return with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
+      CCLITE_TRY(pr.check_prev());
+      return pr.finish();
+    });
   }
 
   // Before a set-up that waits for every rank through the store (shm-direct's
@@ -537,7 +474,7 @@ class comm_core {
                           "still alive but busy elsewhere or waiting in another call): %s", who.c_str(), kind,
                           static_cast<unsigned long long>(hdr_.expect.seq), st.message().c_str());
       }
-    }, links_[static_cast<std::size_t>(prev)]);
+    }, link_at(prev));
   }
 
   // A fatal error on this rank (`st`, already prefixed with `call`): makes
@@ -572,6 +509,7 @@ class comm_core {
       }
     }
     close_links();
+    pool_->fail(st);  // the parent and siblings sharing these links report it
     if (rec.empty()) return st;
     const auto nl = rec.find('\n');
     const int code = std::atoi(rec.c_str());
@@ -580,8 +518,11 @@ class comm_core {
     return status(static_cast<errc>(code), call + ": the job's first failure: " + rec.substr(nl + 1));
   }
 
+  // Closes this communicator's links (its members' entries of the pool) and
+  // marks the family failed, so the parent and siblings report this failure.
   void close_links() {
-    for (auto& l : links_) l = link{};
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) link_at(r) = link{};
   }
 
   static std::string join(const std::vector<std::string>& v) {
@@ -590,19 +531,19 @@ class comm_core {
     return s;
   }
 
+  std::shared_ptr<pool_t> pool_;  // first: aborted_ refers into it
+  std::atomic<bool>& aborted_;    // the family's abort flag (link_pool.hpp)
   store& user_kv_;
   std::unique_ptr<prefix_store> kv_;
+  std::string prefix_, tag_;  // full store prefix of this communicator; unique tag (shm names)
+  std::uint32_t comm_id_ = 0;  // in every call header (mismatch.hpp)
   int rank_, size_;
   logger log_;
   std::vector<peer_info> peers_;
   topology topo_;
-  transport_context ctx_;
-  std::unique_ptr<transports> transports_;
-  std::vector<int> choice_;
-  std::vector<link> links_;
+  std::vector<int> root_of_;  // rank here -> rank of the root communicator (pool index)
   milliseconds timeout_{0};
   std::size_t chunk_bytes_ = 512 << 10;
-  std::atomic<bool> aborted_{false};
   // Reused between calls so that steady-state collectives do not allocate.
   std::vector<std::size_t> scratch_len_, scratch_off_;
   std::vector<int> scratch_peers_;

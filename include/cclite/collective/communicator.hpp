@@ -18,14 +18,22 @@
 //
 // Thread safety: calls may come from any thread; they run one at a time in
 // issue order (see work_queue.hpp). abort() may be called from any thread.
+// A communicator and the children split() made from it share connections
+// (link_pool.hpp): their collectives run one at a time (a lock), and each
+// pair of ranks must issue them in the same order, or the calls report
+// errc::mismatch. Using them from two threads at once is allowed but only
+// useful when that order is fixed by the application (as with NCCL).
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -33,7 +41,9 @@
 #include <cclite/algorithm/ring_allreduce.hpp>
 #include <cclite/algorithm/ring_broadcast.hpp>
 #include <cclite/algorithm/ring_gather.hpp>
+#include <cclite/collective/comm_algorithms.hpp>
 #include <cclite/collective/comm_core.hpp>
+#include <cclite/collective/link_pool.hpp>
 #include <cclite/collective/op.hpp>
 #include <cclite/collective/work_queue.hpp>
 #include <cclite/core/dtype.hpp>
@@ -65,10 +75,11 @@ struct first_direct<T, Ts...> {
 }  // namespace detail
 
 template <class... Transports>
-class communicator final : private detail::comm_core<Transports...>, private detail::op_executor {
-  using core = detail::comm_core<Transports...>;
+class communicator final : private detail::comm_algorithms<Transports...>, private detail::op_executor {
+  using core = detail::comm_algorithms<Transports...>;
   using core::rank_; using core::size_; using core::log_; using core::topo_; using core::peers_;
-  using core::links_; using core::timeout_; using core::chunk_bytes_; using core::aborted_;
+  using core::pool_; using core::root_of_; using core::prefix_; using core::tag_; using core::comm_id_;
+  using core::timeout_; using core::chunk_bytes_; using core::aborted_;
   using core::with_links; using core::ensure_links; using core::run_allgather;
   using core::run_rooted_direct; using core::run_alltoall; using core::local_copy;
   using core::run_rd_allreduce; using core::select_;
@@ -88,10 +99,7 @@ class communicator final : private detail::comm_core<Transports...>, private det
     }
     std::unique_ptr<communicator> c(new communicator(kv, rank, size));
     CCLITE_TRY(c->core::init(std::move(opts)));
-    auto piece = env::get_int("SHM_DIRECT_BUFFSIZE", 1 << 20, false);
-    if (!piece) return piece.error();
-    c->direct_bytes_ = static_cast<std::size_t>(std::max<std::int64_t>(4096, piece.value()));
-    c->select_.set_direct(has_direct, c->direct_bytes_);
+    CCLITE_TRY(c->finish_init());
     return c;
   }
 
@@ -185,7 +193,8 @@ class communicator final : private detail::comm_core<Transports...>, private det
   }
 
   /// Block r of `send` (count elements each) goes to rank r, block r of `recv`
-  /// comes from rank r. send and recv must differ.
+  /// comes from rank r. `send == recv` is the in-place form (MPI_IN_PLACE):
+  /// each block is swapped with its rank through a bounded scratch buffer.
   status alltoall(const void* send, void* recv, std::size_t count, dtype t) {
     return run(rooted(collective_kind::alltoall, send, recv, count, t, reduce_op::sum, 0));
   }
@@ -194,6 +203,8 @@ class communicator final : private detail::comm_core<Transports...>, private det
   }
 
   /// Alltoall with per-peer counts and displacements (size() entries each).
+  /// In place (send == recv): the recv counts and displacements are used both
+  /// ways (send ones may be null) and must be symmetric, as MPI_IN_PLACE says.
   status alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
                    void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t) {
     return run(vdesc(collective_kind::alltoallv, send, 0, recv, send_counts, send_displs, recv_counts,
@@ -241,9 +252,13 @@ class communicator final : private detail::comm_core<Transports...>, private det
   /// rank of this communicator must call it, in the same order as its other
   /// calls. Typical uses: `split(c.node_index(), c.rank())` for the ranks of
   /// one node, `split(c.local_rank(), c.rank())` for one rank per node.
-  /// The child has links of its own (connections are not shared with this
-  /// communicator, as NCCL without splitShare) and lives in this
-  /// communicator's part of the store: destroy it first.
+  /// The child shares this communicator's connections (NCCL's splitShare):
+  /// it reuses the link to each member already connected and opens the
+  /// others through this communicator's transports, which keep them for
+  /// later (see link_pool.hpp for how the traffic stays apart). Parent and
+  /// child calls must come in the same order on every rank; abort() on one
+  /// aborts both; the child may outlive this communicator (the store must
+  /// outlive both). opts.store_prefix is ignored.
   /// Errors: those of allgather and create().
   result<std::unique_ptr<communicator>> split(int color, int key, comm_options opts = {}) {
     std::int64_t mine[2] = {color < 0 ? -1 : color, key};
@@ -255,19 +270,32 @@ class communicator final : private detail::comm_core<Transports...>, private det
     for (int r = 0; r < size_; ++r)
       if (all[2 * static_cast<std::size_t>(r)] == color) members.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
     std::sort(members.begin(), members.end());
-    int new_rank = 0;
-    while (members[static_cast<std::size_t>(new_rank)].second != rank_) ++new_rank;
-    if (opts.timeout.count() == -2) opts.timeout = timeout_;
-    if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
-    opts.store_prefix = "split" + std::to_string(split_no) + "/" + std::to_string(color);
-    return create(*this->kv_, new_rank, static_cast<int>(members.size()), std::move(opts));
+    std::vector<int> ranks;
+    for (const auto& m : members) ranks.push_back(m.second);
+    const std::string where = "split" + std::to_string(split_no) + "/" + std::to_string(color);
+    // The child connects through the shared links: not while another thread
+    // runs a collective of this family over them.
+    std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
+    CCLITE_TRY(hold_links(hold));
+    return make_child(ranks, where, std::move(opts), false);
   }
 
   /// Index of this rank's node (0 .. node_count()-1), for split().
   int node_index() const { return topo_.node_of(rank_); }
 
+  /// The cost model the selector uses (defaults, CCLITE_COST_MEASURE=1
+  /// figures or CCLITE_COST_<KIND>; `costs().source("tcp")` says which).
+  const cost_model& costs() const noexcept { return select_.costs(); }
+  /// The algorithm the selector picks for `k` moving `bytes` per rank (hier
+  /// and direct still fall back to ring where they do not apply).
+  algorithm choose_algorithm(collective_kind k, std::size_t bytes) const noexcept {
+    return select_.choose(k, bytes, size_);
+  }
+
   /// Makes every running and future call on this communicator return
-  /// errc::aborted (within ~50 ms). Safe from any thread, e.g. a watchdog.
+  /// errc::aborted (within ~50 ms), and on every communicator sharing its
+  /// links (its split() parent and children: one abort flag, link_pool.hpp).
+  /// Safe from any thread, e.g. a watchdog.
   void abort() noexcept {
     aborted_.store(true);
     for (auto& child : hier_raw_)
@@ -276,6 +304,60 @@ class communicator final : private detail::comm_core<Transports...>, private det
 
  private:
   communicator(store& kv, int rank, int size) : core(kv, rank, size), queue_(*this) {}
+  communicator(std::shared_ptr<typename core::pool_t> pool, std::vector<int> root_of, int rank)
+      : core(std::move(pool), std::move(root_of), rank), queue_(*this) {}
+
+  status finish_init() {
+    auto piece = env::get_int("SHM_DIRECT_BUFFSIZE", 1 << 20, false);
+    if (!piece) return piece.error();
+    direct_bytes_ = static_cast<std::size_t>(std::max<std::int64_t>(4096, piece.value()));
+    select_.set_direct(has_direct, direct_bytes_);
+    return {};
+  }
+
+  // A child over this family's links: `ranks` = its members as ranks here,
+  // in their new order; `where` names it under this communicator's prefix.
+  // `nested`: used only from inside this communicator's own calls (the
+  // hierarchical algorithm's children), which already hold the links.
+  result<std::unique_ptr<communicator>> make_child(const std::vector<int>& ranks, const std::string& where,
+                                                   comm_options opts, bool nested) {
+    int new_rank = -1;
+    std::vector<int> roots;
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      roots.push_back(root_of_[static_cast<std::size_t>(ranks[i])]);
+      if (ranks[i] == rank_) new_rank = static_cast<int>(i);
+    }
+    if (new_rank < 0) return make_error(errc::invalid_argument, "communicator: this rank is not a member of %s", where.c_str());
+    if (opts.timeout.count() == -2) opts.timeout = timeout_;
+    if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
+    std::unique_ptr<communicator> c(new communicator(pool_, std::move(roots), new_rank));
+    c->nested_ = nested;
+    std::string tag = tag_ + "." + where;
+    for (char& ch : tag)
+      if (ch == '/') ch = '.';
+    CCLITE_TRY(c->core::init_child(std::move(opts), prefix_ + where + "/", std::move(tag)));
+    CCLITE_TRY(c->finish_init());
+    return c;
+  }
+
+  // Takes the family's link lock (link_pool.hpp), bounded by the timeout and
+  // the abort flag.
+  status hold_links(std::unique_lock<std::mutex>& hold) {
+    const deadline until = deadline::after(timeout_);
+    // try_lock and a short sleep rather than std::timed_mutex: its
+    // pthread_mutex_clocklock is not intercepted by GCC 12's ThreadSanitizer,
+    // which then reports every unlock as a bad one. Contention here is rare
+    // (a split() parent and child used from two threads at once).
+    while (!hold.try_lock()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (aborted_.load()) return make_error(errc::aborted, "communicator aborted (rank %d)", rank_);
+      if (until.expired())
+        return make_error(errc::timeout, "rank %d: the links this communicator shares with its split() parent or "
+                          "children stayed busy for the whole timeout (calls on them must come in the same "
+                          "order on every rank)", rank_);
+    }
+    return {};
+  }
 
   // ---- execution ------------------------------------------------------------------------
 
@@ -324,6 +406,18 @@ class communicator final : private detail::comm_core<Transports...>, private det
     if (!broken_.ok()) {
       return status(broken_.code(), "communicator unusable after an earlier error: " + broken_.message());
     }
+    if (pool_->failed.load()) {  // a communicator sharing our links failed: some are closed
+      status first = pool_->first_fault();
+      broken_ = status(first.code(), "a communicator sharing links with this one failed: " + first.message());
+      broken_ = this->spread_failure(broken_, describe_call(d, seq));  // wakes our other peers too
+      CCLITE_WARN(log_, "%s", broken_.to_string().c_str());
+      return broken_;
+    }
+    std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
+    if (!nested_) {
+      status st = hold_links(hold);
+      if (!st.ok()) return status(st.code(), describe_call(d, seq) + ": " + st.message());
+    }
     log_call(d);
     bool started = false;
     status st = dispatch_checked(d, started);
@@ -347,7 +441,7 @@ class communicator final : private detail::comm_core<Transports...>, private det
     if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d);
     const deadline until = deadline::after(timeout_);
     started = true;
-    status st = this->begin_checks(detail::make_call_header(d, size_, ++coll_seq_), until);
+    status st = this->begin_checks(detail::make_call_header(d, size_, ++coll_seq_, comm_id_), until);
     if (st.ok()) st = dispatch(d);
     if (st.ok()) st = this->end_checks(until);
     if (st.code() == errc::timeout) st = this->explain_timeout(std::move(st));
@@ -494,16 +588,19 @@ class communicator final : private detail::comm_core<Transports...>, private det
   // The two child communicators, built on first use from the topology every
   // rank already knows (no extra agreement): the ranks of this node, and the
   // ranks with this local rank on every node (a node-leader per shard).
+  // Both share this communicator's links (link_pool.hpp); they run only inside
+  // its calls, which hold those links already.
   status make_hier_children() {
     const int node = topo_.node_of(rank_), lr = topo_.local_rank(rank_);
     comm_options o;
     o.timeout = timeout_;
     o.chunk_bytes = chunk_bytes_;
-    o.store_prefix = "hier/node" + std::to_string(node);
-    auto in_node = create(*this->kv_, lr, topo_.local_size(rank_), o);
+    std::vector<int> ranks = topo_.node_ranks(node);  // in local-rank order
+    auto in_node = make_child(ranks, "hier/node" + std::to_string(node), o, true);
     if (!in_node) return status(in_node.error().code(), "building the node communicator: " + in_node.error().message());
-    o.store_prefix = "hier/cross" + std::to_string(lr);
-    auto across = create(*this->kv_, node, topo_.node_count(), o);
+    ranks.clear();
+    for (int k = 0; k < topo_.node_count(); ++k) ranks.push_back(topo_.node_ranks(k)[static_cast<std::size_t>(lr)]);
+    auto across = make_child(ranks, "hier/cross" + std::to_string(lr), o, true);
     if (!across) return status(across.error().code(), "building the cross-node communicator: " + across.error().message());
     hier_node_ = std::move(in_node.value());
     hier_cross_ = std::move(across.value());
@@ -522,6 +619,8 @@ class communicator final : private detail::comm_core<Transports...>, private det
   // then across. avg sums at both levels and divides once at the end, so the
   // result is the reference's (two integer divisions would truncate twice).
   status run_hier_allreduce(const op_desc& d, const reduction& red) {
+    // The children's calls share our links: our predecessor's header first.
+    CCLITE_TRY(this->settle_checks(deadline::after(timeout_)));
     if (!hier_node_) CCLITE_TRY(make_hier_children());
     communicator& in_node = *hier_node_;
     communicator& across = *hier_cross_;
@@ -564,7 +663,7 @@ class communicator final : private detail::comm_core<Transports...>, private det
         CCLITE_TRY(this->agree_on_call(until));  // the set-up below waits for every rank
         auto spin = env::get_int("SHM_SPIN_US", 10, false);
         if (!spin) return spin.error();
-        auto g = direct_t::create(*this->kv_, this->ctx_.job_tag, peers_, rank_,
+        auto g = direct_t::create(*this->kv_, tag_, peers_, rank_,
                                   direct_bytes_, &aborted_,
                                   std::chrono::microseconds(spin.value()), until);
         if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
@@ -594,6 +693,7 @@ class communicator final : private detail::comm_core<Transports...>, private det
 
   std::uint64_t seq_ = 0;
   int splits_ = 0;
+  bool nested_ = false;  // a hierarchical child: runs inside the parent's calls
   status broken_;
   std::uint64_t logged_[collective_kind_count] = {};
   // Reused between calls so that steady-state collectives do not allocate.

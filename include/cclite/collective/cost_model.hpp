@@ -9,8 +9,10 @@
 // its links uses, agreed by all ranks at init so they choose alike.
 //
 // Defaults were measured on the 2-core development VM with bench/coll_perf
-// (see docs/performance.md); CCLITE_COST_<KIND>="alpha_us,GBps" replaces
-// them (e.g. CCLITE_COST_TCP="12,10" for a 100 GbE cluster).
+// (see docs/performance.md); CCLITE_COST_MEASURE=1 measures them when a
+// communicator is created (cost_measure.hpp), and CCLITE_COST_<KIND>=
+// "alpha_us,GBps" replaces either (e.g. CCLITE_COST_TCP="12,10" for a 100 GbE
+// cluster): environment, then measurement, then defaults.
 #pragma once
 
 #include <cmath>
@@ -35,9 +37,25 @@ class cost_model {
  public:
   /// Reads CCLITE_COST_SHM and CCLITE_COST_TCP ("alpha_us,GBps").
   status init() {
-    CCLITE_TRY(parse("COST_SHM", shm_));
-    CCLITE_TRY(parse("COST_TCP", tcp_));
+    CCLITE_TRY(parse("COST_SHM", shm_, env_shm_));
+    CCLITE_TRY(parse("COST_TCP", tcp_, env_tcp_));
     return {};
+  }
+
+  /// A measured figure for `kind` (cost_measure.hpp); ignored for a kind set
+  /// in the environment. Other kinds than shm are charged as tcp. Call
+  /// set_link() afterwards to charge it.
+  void set_measured(const std::string& kind, link_cost c) {
+    const bool shm = kind == "shm";
+    if (shm ? env_shm_ : env_tcp_) return;
+    (shm ? shm_ : tcp_) = c;
+    (shm ? measured_shm_ : measured_tcp_) = true;
+  }
+  /// The figures of a link kind, and where they came from: "env", "measured", "default".
+  const link_cost& of(const std::string& kind) const { return kind == "shm" ? shm_ : tcp_; }
+  const char* source(const std::string& kind) const {
+    const bool shm = kind == "shm";
+    return (shm ? env_shm_ : env_tcp_) ? "env" : (shm ? measured_shm_ : measured_tcp_) ? "measured" : "default";
   }
 
   /// The link kind collectives are charged for: "shm", "tcp" (or any other
@@ -89,13 +107,15 @@ class cost_model {
   }
 
   // shm-direct, for a message that fits one piece: two polled
-  // synchronisations of all ranks (together about 1.5 FIFO hand-offs: recursive
-  // doubling's single exchange stays ahead at 2 ranks, measured), the
-  // input copied in, 1/n of it reduced and published, all of it copied out.
+  // synchronisations of all ranks (together about 1.1 FIFO hand-offs: recursive
+  // doubling's single exchange stays ahead for tiny messages at 2 ranks, and
+  // shm-direct beats the ring's two hand-offs at 64 KiB, 11.3 vs 7.3 GB/s
+  // busbw in docs/performance.md's per-algorithm table), the input copied in,
+  // 1/n of it reduced and published, all of it copied out.
   // The selector offers it only up to one piece: beyond the caches the ring's
   // single streaming pass wins (bench/algorithms.sh, docs/performance.md).
   double direct_allreduce(int n, double bytes) const {
-    return 1.5 * shm_.alpha_us + (1.0 + 1.0 / n) * bytes * shm_.beta_us_per_byte / 2 + bytes * gamma_ / n;
+    return 1.1 * shm_.alpha_us + (1.0 + 1.0 / n) * bytes * shm_.beta_us_per_byte / 2 + bytes * gamma_ / n;
   }
 
   // ---- broadcast / reduce from one root -------------------------------------------
@@ -121,8 +141,9 @@ class cost_model {
   }
 
  private:
-  static status parse(const char* name, link_cost& out) {
+  static status parse(const char* name, link_cost& out, bool& set) {
     const std::string v = env::get_string(name, "", false);
+    set = false;
     if (v.empty()) return {};
     char* end = nullptr;
     const double a = std::strtod(v.c_str(), &end);
@@ -133,12 +154,14 @@ class cost_model {
                         "CCLITE_%s='%s': expected \"alpha_us,GBps\", e.g. \"25,1.5\"", name, v.c_str());
     }
     out = link_cost::from(a, g);
+    set = true;
     return {};
   }
 
   link_cost shm_ = link_cost::from(1.0, 5.0);
   link_cost tcp_ = link_cost::from(30.0, 1.6);
   link_cost link_ = shm_;
+  bool env_shm_ = false, env_tcp_ = false, measured_shm_ = false, measured_tcp_ = false;
   double gamma_ = 1.0 / 8000.0;  // 8 GB/s: a two-operand reduction pass on one core
 };
 

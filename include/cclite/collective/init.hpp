@@ -12,6 +12,7 @@
 #include <memory>
 #include <utility>
 
+#include <cclite/config.hpp>
 #include <cclite/bootstrap/file_store.hpp>
 #include <cclite/bootstrap/launch_env.hpp>
 #include <cclite/bootstrap/memory_store.hpp>
@@ -20,6 +21,8 @@
 #if defined(CCLITE_HAS_TCP)
 #include <cclite/tcp/rendezvous.hpp>
 #endif
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite {
 
@@ -82,3 +85,4 @@ result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
 }
 
 }  // namespace cclite
+CCLITE_SETUP_CODE_END

@@ -18,6 +18,11 @@
 //
 // Point-to-point calls (send/recv/sendrecv) carry no header: their matching is
 // the stream order, and they do not advance the collective number.
+//
+// The header also names the communicator (a 24-bit id of its store prefix, in
+// the top bits of the sequence field): a parent and its split() children
+// share links (link_pool.hpp), and a rank that issued their calls in another
+// order than its peer is reported, not fed the other communicator's data.
 #pragma once
 
 #include <cinttypes>
@@ -41,11 +46,15 @@ struct call_header {
   std::int32_t root = 0;
   std::uint32_t aux = 0;  // allgatherv: hash of the counts every rank must agree on
   std::uint64_t count = 0;
-  std::uint64_t seq = 0;
+  std::uint64_t seq = 0;   // low 40 bits on the wire
+  std::uint32_t comm = 0;  // 24 bits: which communicator (comm_id_of)
+
+  static constexpr int seq_bits = 40;
+  static constexpr std::uint64_t seq_mask = (std::uint64_t(1) << seq_bits) - 1;
 
   bool operator==(const call_header& o) const {
     return magic == o.magic && kind == o.kind && type == o.type && op == o.op && root == o.root &&
-           aux == o.aux && count == o.count && seq == o.seq;
+           aux == o.aux && count == o.count && seq == o.seq && comm == o.comm;
   }
   bool operator!=(const call_header& o) const { return !(*this == o); }
 
@@ -60,7 +69,7 @@ struct call_header {
     put(b + 8, static_cast<std::uint32_t>(root), 4);
     put(b + 12, aux, 4);
     put(b + 16, count, 8);
-    put(b + 24, seq, 8);
+    put(b + 24, (seq & seq_mask) | (std::uint64_t(comm & 0xffffffu) << seq_bits), 8);
   }
   static call_header decode(const std::uint8_t* b) {
     call_header h;
@@ -71,7 +80,9 @@ struct call_header {
     h.root = static_cast<std::int32_t>(static_cast<std::uint32_t>(get(b + 8, 4)));
     h.aux = static_cast<std::uint32_t>(get(b + 12, 4));
     h.count = get(b + 16, 8);
-    h.seq = get(b + 24, 8);
+    const std::uint64_t s = get(b + 24, 8);
+    h.seq = s & seq_mask;
+    h.comm = static_cast<std::uint32_t>(s >> seq_bits);
     return h;
   }
 
@@ -124,10 +135,11 @@ inline bool has_call_header(collective_kind k) {
 /// must agree across ranks goes in: per-rank counts of allgatherv/alltoallv
 /// legitimately differ (allgatherv's counts *array* must agree, so its hash
 /// goes in; alltoallv's per-pair counts are not checked).
-inline call_header make_call_header(const op_desc& d, int size, std::uint64_t seq) {
+inline call_header make_call_header(const op_desc& d, int size, std::uint64_t seq, std::uint32_t comm = 0) {
   call_header h;
   h.kind = static_cast<std::uint8_t>(d.kind);
-  h.seq = seq;
+  h.seq = seq & call_header::seq_mask;
+  h.comm = comm & 0xffffffu;
   if (d.kind == collective_kind::barrier) return h;
   h.type = static_cast<std::uint8_t>(d.type);
   if (call_header::reduces(d.kind)) h.op = static_cast<std::uint8_t>(d.op);
@@ -152,6 +164,11 @@ inline status mismatch_error(const call_header& mine, int self, const call_heade
   std::string m = std::string(to_string(static_cast<collective_kind>(mine.kind))) + " #" +
                   std::to_string(mine.seq) + ": rank " + std::to_string(self) + " called " + mine.describe() +
                   " but rank " + std::to_string(peer) + " called " + theirs.describe();
+  if (theirs.magic == call_header::magic_value && theirs.comm != mine.comm) {
+    m += " on another communicator sharing the link (a parent and its split() children share connections: "
+         "calls on them must come in the same order on every rank)";
+    return status(errc::mismatch, std::move(m));
+  }
   if (theirs.magic == call_header::magic_value && theirs.seq != mine.seq)
     m += " as its collective #" + std::to_string(theirs.seq);
   m += "; every rank must issue the same collectives in the same order with the same count, dtype, op and root";

@@ -90,9 +90,17 @@ inline status validate(const op_desc& d, int size) {
   if (overflows(d.count, per_rank ? n : 1, d.type) || overflows(d.count2, 1, d.type))
     return make_error(errc::invalid_argument, "%s: count %zu overflows the byte size", name, d.count);
   if (d.kind == collective_kind::allgatherv || d.kind == collective_kind::alltoallv) {
-    if (!d.counts || !d.displs || (d.kind == collective_kind::alltoallv && (!d.rcounts || !d.rdispls)))
+    // In-place alltoallv (send == recv) uses the recv counts both ways (MPI_IN_PLACE).
+    const bool in_place = d.kind == collective_kind::alltoallv && d.send && d.send == d.recv;
+    if (((!d.counts || !d.displs) && !in_place) ||
+        (d.kind == collective_kind::alltoallv && (!d.rcounts || !d.rdispls)))
       return make_error(errc::invalid_argument, "%s: null counts or displacements array", name);
     for (std::size_t r = 0; r < n; ++r) {
+      if (in_place) {
+        if (overflows(d.rcounts[r], 1, d.type) || overflows(d.rdispls[r], 1, d.type))
+          return make_error(errc::invalid_argument, "%s: count or displacement of rank %zu overflows", name, r);
+        continue;
+      }
       if (overflows(d.counts[r], 1, d.type) || overflows(d.displs[r], 1, d.type) ||
           (d.rcounts && (overflows(d.rcounts[r], 1, d.type) || overflows(d.rdispls[r], 1, d.type))))
         return make_error(errc::invalid_argument, "%s: count or displacement of rank %zu overflows", name, r);
@@ -123,9 +131,6 @@ inline status validate(const op_desc& d, int size) {
     default:
       if (!d.send || !d.recv)
         return make_error(errc::invalid_argument, "%s: null buffer with count %zu", name, d.count);
-      if (d.kind == collective_kind::alltoall && d.send == d.recv)
-        return make_error(errc::invalid_argument, "alltoall: send and recv must not be the same buffer "
-                          "(in-place alltoall is not supported)");
       return {};
   }
 }

@@ -119,6 +119,8 @@ class algorithm_selector {
     chunk_bytes_ = chunk_bytes;
   }
   const cost_model& costs() const noexcept { return cost_; }
+  cost_model& costs() noexcept { return cost_; }
+  const std::string& link_kind() const noexcept { return link_kind_; }
   /// Node layout for the hierarchical algorithm: `local` ranks on each of
   /// `nodes` nodes, or local = 0 when nodes hold different rank counts.
   void set_nodes(int nodes, int local) {

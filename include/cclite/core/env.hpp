@@ -12,8 +12,11 @@
 #include <cstdlib>
 #include <string>
 
+#include <cclite/config.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::env {
 
@@ -90,3 +93,4 @@ inline result<milliseconds> timeout() {
 }
 
 }  // namespace cclite::env
+CCLITE_SETUP_CODE_END

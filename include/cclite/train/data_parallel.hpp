@@ -20,7 +20,9 @@
 // one module (same name up to the last '.', e.g. fc1.weight and fc1.bias),
 // since their gradients become final together.
 //
-// During backward, grad_ready(p) marks p's gradient final; when every gradient
+// During backward, grad_ready(p) marks p's gradient final (grad_ready(p, begin,
+// end): only elements [begin, end) of it, for parameters split over several
+// buckets, see dp_options::split_bytes); when every gradient element
 // of a bucket is final (and every earlier bucket was launched) the bucket's
 // allreduce(avg) is issued asynchronously on the communicator, so it runs on
 // the communicator's thread while backward continues on this one. The last
@@ -79,6 +81,13 @@ struct dp_options {
   milliseconds timeout{-2};
   /// Broadcast rank 0's parameter values in create() (DDP always does).
   bool broadcast_parameters = true;
+  /// 0: never split a parameter. Else a parameter larger than this is cut into
+  /// ceil(bytes / split_bytes) equal pieces with a bucket each, for a model
+  /// that reports its gradient in blocks (grad_ready(p, begin, end);
+  /// mlp::set_grad_blocks): the first layer's weight gradient, which backward
+  /// finishes last, is then reduced block by block while the next block is
+  /// computed, instead of all of it after backward.
+  std::size_t split_bytes = 0;
 };
 
 template <class Comm>
@@ -116,7 +125,7 @@ class data_parallel {
       opts_ = o.opts_;
       slots_ = std::move(o.slots_);
       remaining_ = std::move(o.remaining_);
-      ready_ = std::move(o.ready_);
+      cursor_ = std::move(o.cursor_);
       next_launch_ = o.next_launch_;
       marked_ = o.marked_;
       o.next_launch_ = 0;
@@ -176,16 +185,35 @@ class data_parallel {
 
   /// Backward's hook: p's gradient is final for this step. Launches every
   /// bucket that became complete, in bucket order. Cheap when sync is off.
-  void grad_ready(const parameter& p) {
+  void grad_ready(const parameter& p) { grad_ready(p, 0, p.size()); }
+
+  /// Elements [begin, end) of p's gradient are final for this step. Blocks of
+  /// one parameter are marked in ascending order; a part marked again counts
+  /// once, and a block that leaves a gap after the part marked so far is
+  /// ignored (its bucket then goes in synchronize(), still correct).
+  void grad_ready(const parameter& p, std::size_t begin, std::size_t end) {
     if (!sync_ || size() == 1 || !broken_.ok()) return;
     auto it = index_.find(&p);
     if (it == index_.end()) return;  // not ours: nothing to communicate
     const std::size_t i = it->second;
-    if (ready_[i]) return;  // marked twice in one step: the first mark counts
+    if (end > p.size()) end = p.size();
+    if (begin < cursor_[i]) begin = cursor_[i];
+    if (begin != cursor_[i] || begin >= end) return;  // a gap, or nothing new
     if (marked_++ == 0) step_start_ = clock::now();
-    ready_[i] = 1;
-    const std::size_t b = plan_.param_bucket[i];
-    if (--remaining_[b] == 0) launch_ready();
+    cursor_[i] = end;
+    // The marked range, in the flat buffer, may cover several buckets.
+    std::size_t at = plan_.param_offset[i] + begin;
+    const std::size_t stop = plan_.param_offset[i] + end;
+    bool completed = false;
+    for (std::size_t b = plan_.param_bucket[i]; at < stop && b < plan_.buckets.size(); ++b) {
+      const auto& bk = plan_.buckets[b];
+      if (bk.offset + bk.count <= at) continue;
+      const std::size_t n = std::min(stop, bk.offset + bk.count) - at;
+      remaining_[b] -= n;
+      completed |= remaining_[b] == 0;
+      at += n;
+    }
+    if (completed) launch_ready();
     // With one core per rank, a woken communicator thread may wait for this
     // thread's time slice to end (EEVDF lets the running task finish its
     // slice); yielding here, between layers, lets an issued allreduce make
@@ -280,6 +308,7 @@ class data_parallel {
     for (parameter* p : params_) mix(p->size());
     mix(opts_.bucket_cap_bytes);
     mix(opts_.first_bucket_cap_bytes);
+    mix(opts_.split_bytes);
     if (size() == 1) return {};
     std::uint64_t lo = h, hi = h;
     CCLITE_TRY(comm_->allreduce(&lo, 1, reduce_op::min));
@@ -336,7 +365,8 @@ class data_parallel {
                         params_[i - 1]->name().find('.', dot + 1) == std::string::npos;
       groups.push_back(same ? groups.back() : i);
     }
-    plan_ = bucket_plan::make(sizes, sizeof(float), opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes, groups);
+    plan_ = bucket_plan::make(sizes, sizeof(float), opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes, groups,
+                              opts_.split_bytes);
     flat_.assign(plan_.total, 0.0f);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       index_[params_[i]] = i;
@@ -344,14 +374,14 @@ class data_parallel {
     }
     slots_.clear();
     slots_.resize(plan_.buckets.size());
-    ready_.assign(params_.size(), 0);
+    cursor_.assign(params_.size(), 0);
     reset_step();
   }
 
   void reset_step() {
     remaining_.resize(plan_.buckets.size());
-    for (std::size_t b = 0; b < plan_.buckets.size(); ++b) remaining_[b] = static_cast<int>(plan_.buckets[b].params);
-    std::fill(ready_.begin(), ready_.end(), 0);
+    for (std::size_t b = 0; b < plan_.buckets.size(); ++b) remaining_[b] = plan_.buckets[b].count;
+    std::fill(cursor_.begin(), cursor_.end(), std::size_t{0});
     next_launch_ = 0;
     marked_ = 0;
   }
@@ -383,8 +413,8 @@ class data_parallel {
   std::vector<float> flat_;
   dp_options opts_;
   std::vector<slot> slots_;
-  std::vector<int> remaining_;  // per bucket: parameters not yet ready this step
-  std::vector<char> ready_;     // per parameter: marked this step
+  std::vector<std::size_t> remaining_;  // per bucket: gradient elements not yet final this step
+  std::vector<std::size_t> cursor_;     // per parameter: elements [0, cursor) marked this step
   std::size_t next_launch_ = 0;  // buckets [0, next_launch_) are issued this step
   std::size_t marked_ = 0;       // grad_ready calls that counted this step
   bool sync_ = true;

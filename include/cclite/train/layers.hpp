@@ -45,12 +45,35 @@ class linear {
   }
 
   /// Parameter gradients from the layer's input x and output gradient dy:
-  /// dW += dy^T x, db += column sums of dy. Computed before backward_input so
-  /// that their allreduce can start while the layers below still run.
-  void backward_params(const float* x, const float* dy, int batch) {
-    gemm(true, false, out_, in_, batch, 1.0f, dy, out_, x, in_, 1.0f, weight_.grad(), in_);
+  /// dW += dy^T x, db += column sums of dy (accumulate = false: dW = ..., db =
+  /// ..., overwriting instead of adding, which spares zeroing the gradients
+  /// and reading them back; 0 + v == v, so the bits are the same). Computed
+  /// before backward_input so that their allreduce can start while the layers
+  /// below still run.
+  void backward_params(const float* x, const float* dy, int batch, bool accumulate = true) {
+    backward_weight_rows(x, dy, batch, 0, out_, accumulate);
+    backward_bias(dy, batch, accumulate);
+  }
+
+  /// Rows [row_begin, row_end) of dW only (the outputs of that range): lets a
+  /// caller hand a finished block of a large gradient to the communication
+  /// while it computes the next.
+  void backward_weight_rows(const float* x, const float* dy, int batch, int row_begin, int row_end,
+                            bool accumulate = true) {
+    if (row_end <= row_begin) return;
+    gemm(true, false, row_end - row_begin, in_, batch, 1.0f, dy + row_begin, out_, x, in_, accumulate ? 1.0f : 0.0f,
+         weight_.grad() + static_cast<std::ptrdiff_t>(row_begin) * in_, in_);
+  }
+
+  /// db (+)= column sums of dy.
+  void backward_bias(const float* dy, int batch, bool accumulate = true) {
     float* db = bias_.grad();
-    for (int i = 0; i < batch; ++i) {
+    int i = 0;
+    if (!accumulate) {
+      if (batch > 0) std::copy(dy, dy + out_, db), i = 1;
+      else std::fill(db, db + out_, 0.0f);
+    }
+    for (; i < batch; ++i) {
       const float* row = dy + static_cast<std::ptrdiff_t>(i) * out_;
       for (int j = 0; j < out_; ++j) db[j] += row[j];
     }

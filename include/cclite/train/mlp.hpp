@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <cclite/train/layers.hpp>
@@ -93,27 +94,57 @@ class mlp {
   /// Where the loss writes d(loss)/d(logits) before backward() ([max_batch][outputs]).
   float* output_grad() noexcept { return grad_a_.data(); }
 
-  /// Accumulates every parameter gradient for the last forward's batch, given
-  /// output_grad(). Calls on_ready(parameter&) for each parameter once its
-  /// gradient is final, in reverse registration order (bias before weight).
+  /// Computes every parameter gradient for the last forward's batch, given
+  /// output_grad(), adding to the gradients (accumulate = true) or
+  /// overwriting them (false: no zero_grad needed before, and the same bits as
+  /// zeroing then adding). Calls on_ready(parameter&) for each parameter once
+  /// its gradient is final, in reverse registration order (bias before
+  /// weight). If on_ready also accepts (parameter&, begin, end) and
+  /// set_grad_blocks(k > 1) was called, the first layer's weight gradient
+  /// (the last one backward finishes, with nothing left to overlap its
+  /// communication with) is computed in k row blocks, and on_ready(p, begin,
+  /// end) reports each block's elements [begin, end) as soon as it is final.
   template <class OnReady>
-  void backward(int batch, OnReady&& on_ready) {
+  void backward(int batch, OnReady&& on_ready, bool accumulate = true) {
     float* dy = grad_a_.data();
     float* dx = grad_b_.data();
     for (std::size_t l = layers_.size(); l-- > 0;) {
       const float* in = l == 0 ? x_ : acts_[l - 1].data();
-      layers_[l].backward_params(in, dy, batch);
-      on_ready(layers_[l].bias());
-      on_ready(layers_[l].weight());
+      linear& ly = layers_[l];
+      if constexpr (std::is_invocable_v<OnReady&, parameter&, std::size_t, std::size_t>) {
+        if (l == 0 && grad_blocks_ > 1) {
+          ly.backward_bias(dy, batch, accumulate);
+          on_ready(ly.bias());
+          const int rows = ly.out_features(), blocks = grad_blocks_ < rows ? grad_blocks_ : rows;
+          const std::size_t in_n = static_cast<std::size_t>(ly.in_features());
+          for (int k = 0; k < blocks; ++k) {
+            const int r0 = rows * k / blocks, r1 = rows * (k + 1) / blocks;
+            ly.backward_weight_rows(in, dy, batch, r0, r1, accumulate);
+            on_ready(ly.weight(), static_cast<std::size_t>(r0) * in_n, static_cast<std::size_t>(r1) * in_n);
+          }
+          on_ready(ly.weight());
+          break;
+        }
+      }
+      ly.backward_params(in, dy, batch, accumulate);
+      on_ready(ly.bias());
+      on_ready(ly.weight());
       if (l == 0) break;  // nobody needs the gradient of the input
-      layers_[l].backward_input(dy, dx, batch);
+      ly.backward_input(dy, dx, batch);
       relu_backward(acts_[l - 1].data(), dx, static_cast<std::size_t>(batch) * static_cast<std::size_t>(sizes_[l]));
       std::swap(dx, dy);
     }
   }
-  void backward(int batch) {
-    backward(batch, [](parameter&) {});
+  void backward(int batch, bool accumulate = true) {
+    backward(batch, [](parameter&) {}, accumulate);
   }
+
+  /// Row blocks of the first layer's weight gradient reported separately by
+  /// backward() (1 = whole, the default). A block may be computed by other
+  /// BLAS kernels than the whole matrix, so results can differ in the last
+  /// bits from k = 1: every rank of a job must use the same k.
+  void set_grad_blocks(int k) noexcept { grad_blocks_ = k < 1 ? 1 : k; }
+  int grad_blocks() const noexcept { return grad_blocks_; }
 
  private:
   std::vector<int> sizes_;
@@ -122,6 +153,7 @@ class mlp {
   std::vector<std::vector<float>> acts_;  // post-ReLU outputs of each layer (logits last)
   std::vector<float> grad_a_, grad_b_;    // ping-pong activation gradients
   const float* x_ = nullptr;
+  int grad_blocks_ = 1;
 };
 
 }  // namespace cclite::train

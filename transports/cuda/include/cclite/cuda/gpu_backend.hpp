@@ -2,9 +2,11 @@
 //
 // CCLITE_GPU_BACKEND chooses, once per process:
 //   nccl    whole collectives handed to NCCL (cclite::nccl::backend)
-//   native  cclite's own algorithms over its transports (CUDA IPC, host staging);
-//           not implemented yet: a caller that gets it has no device path to run
-//   auto    (or unset) nccl when this build has NCCL (CCLITE_HAS_NCCL), else native
+//   native  cclite's own path: today host staging through the CPU communicator
+//           (device_communicator.hpp); the CUDA IPC transport is not written yet
+//   auto    (or unset) nccl when this build has NCCL (CCLITE_HAS_NCCL), else native;
+//           device_communicator::create() also falls back to native when some
+//           node has more ranks than GPUs (NCCL allows one rank per GPU)
 // The value is case-insensitive. An unknown value, or nccl in a build without
 // NCCL, is an error naming what is accepted: a job that asked for NCCL must not
 // silently run something else.

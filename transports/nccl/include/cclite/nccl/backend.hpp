@@ -60,36 +60,63 @@ class backend {
   /// rank of a GPU-less job fails at once), invalid_argument (rank, size,
   /// device), timeout (a rank never came), system_error (NCCL / CUDA failure).
   static result<std::unique_ptr<backend>> create(store& kv, int rank, int size, options opts = {}) {
+    milliseconds to{0};
+    int dev = -1;
+    CCLITE_TRY(prepare(rank, size, opts, to, dev));
+    const deadline until = deadline::after(to);
+    auto id = exchange_unique_id(kv, opts.key, rank, until);
+    if (!id) return id.error();
+    return join(id.value(), rank, size, dev, to, until, opts.check_pointers);
+  }
+
+  /// Joins the NCCL communicator of `size` ranks that share `id` (made by one
+  /// rank with ncclGetUniqueId and sent to the others by any means, e.g.
+  /// types.hpp's broadcast_unique_id over a CPU communicator). Same errors as
+  /// create(); the device is chosen the same way.
+  static result<std::unique_ptr<backend>> create_with_id(const ncclUniqueId& id, int rank, int size,
+                                                         options opts = {}) {
+    milliseconds to{0};
+    int dev = -1;
+    CCLITE_TRY(prepare(rank, size, opts, to, dev));
+    const deadline until = deadline::after(to);
+    return join(id, rank, size, dev, to, until, opts.check_pointers);
+  }
+
+ private:
+  // Checks rank and size, resolves the timeout, finds a device (unsupported
+  // "no CUDA device" first of all) and makes it current.
+  static status prepare(int rank, int size, const options& opts, milliseconds& to, int& dev) {
     if (size < 1 || rank < 0 || rank >= size) {
       return make_error(errc::invalid_argument, "nccl::backend: rank %d of size %d", rank, size);
     }
-    milliseconds to = opts.timeout;
+    to = opts.timeout;
     if (to.count() == -2) {
       auto t = env::timeout();
       if (!t) return t.error();
       to = t.value();
     }
-    const deadline until = deadline::after(to);
     auto count = cuda::device_count();
     if (!count) {
       return make_error(count.error().code(), "nccl::backend rank %d: %s", rank,
                         count.error().message().c_str());
     }
-    int dev = opts.device;
+    dev = opts.device;
     if (dev < 0) {
       const char* lr = env::raw("LOCAL_RANK", false);
       if (!lr) lr = std::getenv("LOCAL_RANK");
       dev = lr ? std::atoi(lr) % count.value() : 0;
     }
-    CCLITE_TRY(cuda::set_device(dev));
-    auto id = exchange_unique_id(kv, opts.key, rank, until);
-    if (!id) return id.error();
+    return cuda::set_device(dev);
+  }
 
+  static result<std::unique_ptr<backend>> join(const ncclUniqueId& id, int rank, int size, int dev,
+                                               milliseconds to, deadline until, bool check_pointers) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // every call returns; we poll with a deadline (file comment)
     ncclComm_t comm = nullptr;
-    ncclResult_t r = ncclCommInitRankConfig(&comm, size, id.value(), rank, &config);
-    std::unique_ptr<backend> b(new backend(comm, rank, size, dev, to, opts.check_pointers));
+    ncclUniqueId copy = id;  // ncclCommInitRankConfig takes it by value
+    ncclResult_t r = ncclCommInitRankConfig(&comm, size, copy, rank, &config);
+    std::unique_ptr<backend> b(new backend(comm, rank, size, dev, to, check_pointers));
     if (r != ncclSuccess && r != ncclInProgress) {
       status s = nccl_status(r, "ncclCommInitRankConfig", comm);  // before abort frees comm
       b->abort();
@@ -100,6 +127,7 @@ class backend {
     return result<std::unique_ptr<backend>>(std::move(b));
   }
 
+ public:
   backend(const backend&) = delete;
   backend& operator=(const backend&) = delete;
 

@@ -99,4 +99,20 @@ inline result<ncclUniqueId> exchange_unique_id(store& kv, const std::string& key
   return id;
 }
 
+/// Rank 0's ncclGetUniqueId sent to every rank of `comm` (any cclite
+/// communicator: broadcast(void*, count, dtype, root) -> status), for jobs that
+/// have a CPU communicator but no store at hand. Collective over `comm`; bounded
+/// by its timeout.
+template <class Comm>
+result<ncclUniqueId> broadcast_unique_id(Comm& comm) {
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (comm.rank() == 0) CCLITE_TRY(nccl_status(ncclGetUniqueId(&id), "ncclGetUniqueId"));
+  status s = comm.broadcast(&id, sizeof id, dtype::uint8, 0);
+  if (!s.ok()) {
+    return make_error(s.code(), "rank %d: broadcasting the NCCL unique id: %s", comm.rank(), s.message().c_str());
+  }
+  return id;
+}
+
 }  // namespace cclite::nccl

@@ -181,13 +181,22 @@ class direct_group {
   std::uint8_t* input(int m) const { return base(m) + header_bytes; }
   // Between the two counters' cache lines' first words: bytes 8..56.
   std::uint8_t* tag_slot(int m) const { return base(m) + 8; }
+  // 1 + the CPU member m last waited on (0: unknown), after the second counter.
+  std::atomic<std::uint32_t>& cpu_slot(int m) const {
+    return *reinterpret_cast<std::atomic<std::uint32_t>*>(base(m) + 96);
+  }
   std::uint8_t* output(int m) const { return base(m) + header_bytes + cap_; }
 
-  // Until every member's counter `which` reached `step`.
+  // Until every member's counter `which` reached `step`. A member that last
+  // waited on our CPU needs it to catch up: we poll with sched_yield() rather
+  // than spin then (shm::link::wait does the same).
   status wait_all(int which, std::uint64_t step, deadline until) const {
     const auto start = clock::now();
     auto last_check = start;
     int rounds = 0;
+    const int c = ::sched_getcpu();
+    const std::uint32_t mine = c < 0 ? 0 : static_cast<std::uint32_t>(c) + 1;
+    if (mine && cpu_slot(me_).load(std::memory_order_relaxed) != mine) cpu_slot(me_).store(mine, std::memory_order_relaxed);
     for (;;) {
       int behind = -1;
       for (std::size_t m = 0; m < members_.size() && behind < 0; ++m)
@@ -195,7 +204,8 @@ class direct_group {
       if (behind < 0) return {};
       const auto now = clock::now();
       if (now - start < spin_) {
-        detail::cpu_relax();
+        if (mine && cpu_slot(behind).load(std::memory_order_relaxed) == mine) ::sched_yield();
+        else detail::cpu_relax();
         continue;
       }
       if (aborted_ && aborted_->load(std::memory_order_relaxed))

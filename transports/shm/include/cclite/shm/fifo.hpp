@@ -8,6 +8,8 @@
 //   head    total bytes ever written. Only the sender stores it (release).
 //   tail    total bytes ever read. Only the receiver stores it (release).
 //   closed  set once by the sender's link destructor (normal exit mid-stream).
+//   cpu     1 + the CPU the sender last waited on (0: unknown); same line as
+//           closed, written only by the sender's link (shm::link::wait).
 // head and tail sit on separate 128-byte blocks (two 64-byte lines: the
 // adjacent-line prefetcher must not pull one with the other), so the two sides
 // never write the same cache line. Bytes in flight = head - tail <= capacity.
@@ -56,6 +58,7 @@ struct fifo_control {
   alignas(128) std::atomic<std::uint64_t> head{0};
   alignas(128) std::atomic<std::uint64_t> tail{0};
   alignas(128) std::atomic<std::uint32_t> closed{0};
+  std::atomic<std::uint32_t> cpu{0};
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "the shm FIFO needs lock-free 64-bit atomics (a lock would live in one process)");

@@ -11,10 +11,25 @@
 // receiver lands every byte directly at its stream position in the recv ring,
 // and recv_peek() exposes the prefix that is complete on all sockets.
 //
-// Progress happens only inside poll() and wait(), on the caller's thread:
-// every call pushes pending output *and* pulls input, whichever direction the
+// Progress happens inside poll() and wait(), on the caller's thread: every
+// call pushes pending output *and* pulls input, whichever direction the
 // caller is interested in, so that a ring of ranks that all send before they
-// receive cannot deadlock.
+// receive cannot deadlock. Optionally (`eager` > 0, CCLITE_TCP_EAGER)
+// send_commit() also pushes, without blocking, once `eager` bytes are pending.
+// Off by default: neutral over loopback, slower over veth in measurements
+// (docs/performance.md, "Session 3: TCP").
+//
+// Waiting: wait() first spins for `spin` (default 200 us; poll(2) with a zero
+// timeout, one syscall for all sockets), then sleeps in poll(2). A wake-up
+// from poll(2) costs 20-40 us on a loaded VM, more than a loopback round trip;
+// the spin turns most small-message waits into no sleep at all (Open MPI's
+// TCP BTL never sleeps while a request is pending). Each empty spin round
+// calls sched_yield(): with more runnable processes than CPUs the spin would
+// otherwise hold the CPU the peer needs to answer (measured: 233 us per 8-byte
+// call with one CPU hog, 32 us with the yield, 33 us without spinning).
+// CCLITE_TCP_SPIN_US=0 turns the spin off. An adaptive spin (halved after a
+// wait that slept) was tried and dropped: its floor fell below the round trip
+// and it stayed there (45 us per call).
 //
 // Granularity: TCP delivers any number of bytes, so recv_peek() may end in the
 // middle of an element; callers take whole elements and wait for the rest (the
@@ -31,6 +46,7 @@
 #pragma once
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -60,9 +76,13 @@ class link {
   /// Takes ownership of `nsocks` connected sockets (socks[0..nsocks)) and maps
   /// 2 x `capacity` bytes of rings. `capacity` and `block` are multiples of
   /// 4096 (checked by the transport). `peer_desc` names the peer in errors.
+  /// `spin`: how long wait() polls without sleeping; `eager`: pending bytes
+  /// at which send_commit() pushes (0: only poll()/wait() push).
   static result<link> create(int peer, std::string peer_desc, socket_fd* socks, int nsocks,
                              std::size_t block, std::size_t capacity,
-                             const std::atomic<bool>* aborted) {
+                             const std::atomic<bool>* aborted,
+                             std::chrono::microseconds spin = std::chrono::microseconds(200),
+                             std::size_t eager = 0) {
     auto mem = detail::mapped_memory::map(2 * capacity);
     if (!mem) {
       return make_error(errc::resource_exhausted, "%s (link to %s; lower CCLITE_TCP_BUFFSIZE=%zu)",
@@ -76,6 +96,8 @@ class link {
     l.cap_ = capacity;
     l.mem_ = std::move(mem.value());
     l.aborted_ = aborted;
+    l.spin_ = spin;
+    l.eager_ = eager;
     for (int j = 0; j < nsocks; ++j) {
       l.fds_[j] = std::move(socks[j]);
       l.spos_[j] = l.rpos_[j] = static_cast<std::uint64_t>(j) * block;
@@ -99,8 +121,11 @@ class link {
     return {mem_.data() + off, static_cast<std::size_t>(n)};
   }
 
-  /// Publishes n bytes written into the last reservation. No I/O: the bytes
-  /// leave on the next poll()/wait().
+  /// Publishes n bytes written into the last reservation. With `eager` > 0,
+  /// once that many bytes are pending, they are handed to the sockets that
+  /// take them without blocking; otherwise (and for the rest) they leave on
+  /// the next poll()/wait(). An I/O error here is returned by the next
+  /// poll()/wait().
   void send_commit(std::size_t n) noexcept {
     if (CCLITE_UNLIKELY(committed_ + n - sent_ > cap_)) {
       fail(make_error(errc::invalid_argument, "send_commit(%zu) beyond the reserved space (link to %s)",
@@ -108,6 +133,9 @@ class link {
       return;
     }
     committed_ += n;
+    if (eager_ != 0 && committed_ - sent_ >= eager_ && error_.ok()) {
+      for (int j = 0; j < n_ && error_.ok(); ++j) push(j);
+    }
   }
 
   // ---- recv side -----------------------------------------------------------
@@ -136,15 +164,16 @@ class link {
   status poll() {
     if (CCLITE_UNLIKELY(!error_.ok())) return error_;
     for (int j = 0; j < n_ && error_.ok(); ++j) push(j);
-    for (int j = 0; j < n_ && error_.ok(); ++j) pull(j);
+    pull_ready();
     return error_;
   }
 
   /// Makes progress until `w` can be satisfied (recv: recv_peek() non-empty;
-  /// send: send_reserve() non-empty), sleeping in poll(2) on this link's
-  /// sockets in slices of at most 50 ms between which the abort flag and the
-  /// deadline are checked. Errors: timeout, aborted, peer_lost (also when the
-  /// peer closed the link and what `w` needs can therefore never come).
+  /// send: send_reserve() non-empty), spinning up to `spin`, then sleeping in
+  /// poll(2) on this link's sockets in slices of at most 50 ms between which
+  /// the abort flag and the deadline are checked. Errors: timeout, aborted,
+  /// peer_lost (also when the peer closed the link and what `w` needs can
+  /// therefore never come).
   status wait(wait_for w, deadline until) {
     bool want_recv = has(w, wait_for::recv), want_send = has(w, wait_for::send);
     return progress_until(until, want_send, w, [&] {
@@ -156,6 +185,8 @@ class link {
   /// delivers it even after the link is closed. Call before destroying a link
   /// whose last bytes the peer still needs. Errors: as wait().
   status flush(deadline until) {
+    // Nothing pending (the usual case at the end of a small collective): no syscall.
+    if (sent_ == committed_ && error_.ok()) return {};
     return progress_until(until, true, wait_for::send, [&] { return sent_ == committed_; });
   }
 
@@ -238,6 +269,30 @@ class link {
     sent_ = lo;
   }
 
+  // Pulls every socket that has input. With several sockets, one zero-timeout
+  // poll(2) finds the readable ones first: a recvmsg per socket that fails
+  // with EAGAIN costs more (syscalls are the price of a small message, and
+  // usually only one socket carries it).
+  void pull_ready() {
+    if (n_ == 1) {
+      pull(0);
+      return;
+    }
+    pollfd fds[max_nsocks];
+    int want = 0;
+    for (int j = 0; j < n_; ++j) {
+      const bool room = rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j));
+      fds[j] = pollfd{fds_[j].get(), static_cast<short>(room ? POLLIN : 0), 0};
+      want += room;
+    }
+    if (want == 0) return;
+    int r = ::poll(fds, static_cast<nfds_t>(n_), 0);
+    if (r <= 0) return;  // nothing readable (or EINTR: the next call retries)
+    for (int j = 0; j < n_ && error_.ok(); ++j) {
+      if (fds[j].revents != 0) pull(j);
+    }
+  }
+
   void pull(int j) {
     if (closed_mask_ & (1u << j)) return;
     while (rpos_[j] < consumed_ + cap_) {
@@ -271,6 +326,7 @@ class link {
   template <class Done>
   status progress_until(deadline until, bool needs_peer_reading, wait_for w, Done done) {
     auto start = clock::now();
+    const auto spin_end = start + spin_;
     for (;;) {
       CCLITE_TRY(poll());
       if (done()) return {};
@@ -293,8 +349,17 @@ class link {
         if (rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j))) ev |= POLLIN;
         fds[j] = pollfd{fds_[j].get(), ev, 0};
       }
-      int r = ::poll(fds, static_cast<nfds_t>(n_),
-                     static_cast<int>(until.remaining(milliseconds(50)).count()));
+      // Spin (zero-timeout polls, no progress calls in between) until
+      // spin_end, then sleep.
+      int r = 0;
+      for (;;) {
+        const bool spinning = clock::now() < spin_end;
+        r = ::poll(fds, static_cast<nfds_t>(n_),
+                   spinning ? 0 : static_cast<int>(until.remaining(milliseconds(50)).count()));
+        if (r != 0 || !spinning) break;
+        // Let a runnable peer on this CPU answer (more ranks than CPUs).
+        ::sched_yield();
+      }
       if (r < 0 && errno != EINTR) {
         return fail(make_error(errc::system_error, "poll() on the tcp link to %s failed: %s",
                                desc_.c_str(), detail::errno_text(errno).c_str()));
@@ -366,6 +431,8 @@ class link {
   std::uint64_t received_ = 0;
   std::uint64_t rpos_[max_nsocks] = {};
   unsigned closed_mask_ = 0;  // sockets that saw end of stream
+  std::chrono::microseconds spin_{200};
+  std::uint64_t eager_ = 0;
   const std::atomic<bool>* aborted_ = nullptr;
   std::string desc_;  // "rank 3 (node1, pid 4242)"
   status error_;

@@ -23,18 +23,34 @@
 // After connecting, ranks compare job ids through the store, so a rank that
 // reached another job's store (a port reused by a concurrent job) fails with a
 // message instead of mixing two jobs.
+//
+// Under CCLITE_NO_THREADS no process of the job runs a second thread: rank 0
+// forks one helper process that runs the store server's poll loop (and dies
+// with rank 0, PR_SET_PDEATHSIG), because the store must answer while rank 0
+// itself waits on links (ranks meet through it during init, split() and
+// failure spreading). A program that cannot fork hosts a store_server with
+// background_thread = false itself and drives it with progress() / hook().
 #pragma once
 
-#include <cclite/tcp/asio_no_exceptions.hpp>
+#include <signal.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
-#include <asio.hpp>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <cclite/config.hpp>
 #include <cclite/bootstrap/file_store.hpp>
 #include <cclite/bootstrap/launch_env.hpp>
 #include <cclite/bootstrap/memory_store.hpp>
@@ -45,6 +61,8 @@
 #include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_client.hpp>
 #include <cclite/tcp/store_server.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::tcp {
 
@@ -67,15 +85,44 @@ class hosting_store final : public cclite::store {
   std::unique_ptr<cclite::store> client_;
 };
 
+// An IPv4 or IPv6 address (port 0), parsed from text or from a resolver.
+struct ip_address {
+  sockaddr_storage ss{};
+  bool is_v6() const { return ss.ss_family == AF_INET6; }
+  const in6_addr& v6() const { return reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr; }
+  std::uint32_t v4_host_order() const { return ntohl(reinterpret_cast<const sockaddr_in&>(ss).sin_addr.s_addr); }
+  bool is_loopback() const { return is_v6() ? IN6_IS_ADDR_LOOPBACK(&v6()) : (v4_host_order() >> 24) == 127; }
+  socklen_t size() const { return is_v6() ? sizeof(sockaddr_in6) : sizeof(sockaddr_in); }
+  std::string to_string() const {
+    char buf[INET6_ADDRSTRLEN] = "";
+    if (is_v6())
+      ::inet_ntop(AF_INET6, &v6(), buf, sizeof buf);
+    else
+      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(ss).sin_addr, buf, sizeof buf);
+    return buf;
+  }
+  /// Parses a literal address; false for anything else (a name).
+  static bool parse(const std::string& text, ip_address& out) {
+    out = ip_address{};
+    if (::inet_pton(AF_INET, text.c_str(), &reinterpret_cast<sockaddr_in&>(out.ss).sin_addr) == 1) {
+      out.ss.ss_family = AF_INET;
+      return true;
+    }
+    if (::inet_pton(AF_INET6, text.c_str(), &reinterpret_cast<sockaddr_in6&>(out.ss).sin6_addr) == 1) {
+      out.ss.ss_family = AF_INET6;
+      return true;
+    }
+    return false;
+  }
+};
+
 // True if `addr` belongs to this machine: binding a socket to it succeeds.
-inline bool is_local_address(const asio::ip::address& addr) {
-  asio::io_context io(1);
-  asio::ip::udp::socket s(io);
-  asio::error_code ec;
-  s.open(addr.is_v6() ? asio::ip::udp::v6() : asio::ip::udp::v4(), ec);
-  if (ec) return false;
-  s.bind(asio::ip::udp::endpoint(addr, 0), ec);
-  return !ec;
+inline bool is_local_address(const ip_address& addr) {
+  int fd = ::socket(addr.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  bool ok = ::bind(fd, reinterpret_cast<const sockaddr*>(&addr.ss), addr.size()) == 0;
+  ::close(fd);
+  return ok;
 }
 
 /// Where rank 0's server listens, and why (for the INFO line).
@@ -90,28 +137,30 @@ struct bind_choice {
 /// Errors: bootstrap_error when no address fits (the message names the fixes).
 template <class ChooseInterface>
 result<bind_choice> bind_addresses_for(const std::string& host, bool bind_any, ChooseInterface iface) {
-  asio::error_code ec;
-  auto literal = asio::ip::make_address(host, ec);
-  bool is_literal = !ec;
+  ip_address literal;
+  const bool is_literal = ip_address::parse(host, literal);
   if (bind_any)
     return bind_choice{{is_literal && literal.is_v6() ? "::" : "0.0.0.0"}, "every address (CCLITE_STORE_BIND_ANY=1)"};
   std::vector<std::string> loopbacks;  // what `host` resolves to here, if loopback
   if (is_literal) {
     if (literal.is_loopback() || is_local_address(literal)) return bind_choice{{host}, "the endpoint's address"};
   } else {
-    asio::io_context io(1);
-    asio::ip::tcp::resolver resolver(io);
-    auto res = resolver.resolve(host, "", ec);
-    if (!ec) {
-      for (const auto& e : res) {
-        auto a = e.endpoint().address();
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0) {
+      for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+        if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6) continue;
+        ip_address a;
+        std::memcpy(&a.ss, ai->ai_addr, ai->ai_addrlen);
         if (a.is_loopback()) {
           if (std::find(loopbacks.begin(), loopbacks.end(), a.to_string()) == loopbacks.end())
             loopbacks.push_back(a.to_string());
         } else if (is_local_address(a)) {
+          ::freeaddrinfo(res);
           return bind_choice{{a.to_string()}, "the address '" + host + "' resolves to"};
         }
       }
+      ::freeaddrinfo(res);
       if (host == "localhost" && !loopbacks.empty())
         return bind_choice{{loopbacks.front()}, "localhost: a single-node job"};
     }
@@ -135,6 +184,26 @@ result<bind_choice> bind_addresses_for(const std::string& host, bool bind_any, C
           (loopbacks.size() ? " and the loopback address it resolves to" : "");
   return c;
 }
+
+#if defined(CCLITE_NO_THREADS)
+// Forks the process that serves `s` from now on (see the top); this process
+// keeps only its client. Errors: bootstrap_error when fork fails.
+inline status serve_in_child_process(store_server& s) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0)
+    return make_error(errc::bootstrap_error, "cannot fork the rendezvous store process (CCLITE_NO_THREADS): %s",
+                      std::strerror(errno));
+  if (pid > 0) return {};
+#if defined(__linux__)
+  (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
+#endif
+  for (;;) {
+    if (::getppid() != parent) ::_exit(0);  // rank 0 is gone (before prctl, or not Linux)
+    (void)s.progress(1000);
+  }
+}
+#endif
 
 }  // namespace detail
 
@@ -175,14 +244,22 @@ inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, 
     if (!where) return where.error();
     server_options so;
     so.token = token;
-    auto s = store_server::start(where.value().hosts, li.rdzv_port, so);
+    auto s = store_server::start(where.value().hosts, li.rdzv_port, so);  // no thread under CCLITE_NO_THREADS
     if (!s) return s.error();
     server = std::move(s.value());
+    const unsigned bound_port = server->port();
+#if defined(CCLITE_NO_THREADS)
+    CCLITE_TRY(detail::serve_in_child_process(*server));
+    server.reset();  // this process's copies of the listening sockets; the helper keeps its own
+    const char* served_by = ", served by a helper process: CCLITE_NO_THREADS";
+#else
+    const char* served_by = "";
+#endif
     logger lg(li.rank);
     std::string list;
     for (const auto& h : where.value().hosts) list += (list.empty() ? "" : ", ") + h;
-    CCLITE_INFO(lg, "rendezvous store listening on %s port %u (%s); job token %s", list.c_str(),
-                unsigned(server->port()), where.value().why.c_str(),
+    CCLITE_INFO(lg, "rendezvous store listening on %s port %u (%s%s); job token %s", list.c_str(),
+                bound_port, where.value().why.c_str(), served_by,
                 token.empty() ? "unset (CCLITE_RDZV_TOKEN empty: any cclite process without a token may join)"
                               : "set (CCLITE_RDZV_TOKEN)");
   }
@@ -214,3 +291,4 @@ inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, 
 }
 
 }  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END

@@ -21,9 +21,12 @@
 #include <cstdlib>
 #include <string>
 
+#include <cclite/config.hpp>
 #include <cclite/core/sha256.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/tcp/store_protocol.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::tcp {
 
@@ -78,3 +81,4 @@ inline constexpr char wrong_token_reason[] = "wrong job token";
 
 }  // namespace proto
 }  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END

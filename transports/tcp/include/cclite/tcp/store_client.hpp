@@ -18,15 +18,18 @@
 // (set, get, wait, check) that find the connection broken retry once on a
 // fresh one, add never does.
 //
+// Plain non-blocking POSIX sockets (no Asio): the client is small enough to
+// compile into every program that calls cclite::init().
+//
 // Thread safety: one thread at a time (as for every cclite::store).
 #pragma once
 
-#include <cclite/tcp/asio_no_exceptions.hpp>
-
-#include <asio.hpp>
-
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -35,14 +38,16 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include <cclite/config.hpp>
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_protocol.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::tcp {
 
@@ -56,21 +61,28 @@ class store_client final : public cclite::store {
   /// connections with backoff until `until`: ranks usually start before rank 0
   /// has its server up. Sets TCP_NODELAY and proves it knows `token` (the
   /// job token, see store_auth.hpp; open_store() passes CCLITE_RDZV_TOKEN).
+  /// `hook`: how to wait for the socket (store_protocol.hpp); set it to
+  /// store_server::hook() of a server in this process that has no thread.
   /// Errors: errc::timeout naming the endpoint and the last error when `until`
   /// passes; errc::protocol_error when something else listens on the port;
   /// errc::bootstrap_error when the server refuses the token (not retried).
   static result<std::unique_ptr<store_client>> connect(const std::string& host, std::uint16_t port,
                                                        deadline until,
                                                        milliseconds op_timeout = default_store_op_timeout,
-                                                       std::string token = {}) {
+                                                       std::string token = {}, poll_hook hook = {}) {
     std::string h = host;
     if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
     std::unique_ptr<store_client> c(new store_client(std::move(h), port, op_timeout));
     c->token_ = std::move(token);
+    c->hook_ = hook;
     status st = c->connect_until(until);
     if (!st.ok()) return st;
     return {std::move(c)};
   }
+
+  ~store_client() override { close(); }
+  store_client(const store_client&) = delete;
+  store_client& operator=(const store_client&) = delete;
 
   /// "host:port" of the server, as used in messages.
   const std::string& endpoint() const noexcept { return endpoint_; }
@@ -201,65 +213,73 @@ class store_client final : public cclite::store {
   }
 
   void close() {
-    asio::error_code ec;
-    sock_.close(ec);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  // poll() on fd (< 0: just sleep) for at most `ms`, or the hook (see connect).
+  short wait_fd(int fd, short events, int ms) {
+    if (hook_.wait) return hook_.wait(hook_.ctx, fd, events, ms);
+    pollfd p{fd, events, 0};
+    int r = ::poll(&p, fd >= 0 ? 1 : 0, ms);
+    return r > 0 ? p.revents : 0;
   }
 
   // One attempt over every address of host_, each connect bounded by `until`
   // and 5 s. On failure `why` says what happened.
   bool connect_once(deadline until, std::string& why) {
     close();
-    asio::error_code ec;
-    asio::ip::tcp::resolver resolver(io_);
-    auto eps = resolver.resolve(host_, std::to_string(port_), ec);
-    if (ec) {
-      why = "cannot resolve '" + host_ + "': " + ec.message();
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
+    if (rc != 0 || !res) {
+      why = "cannot resolve '" + host_ + "': " + ::gai_strerror(rc);
       return false;
     }
-    for (const auto& e : eps) {
-      auto ep = e.endpoint();
-      sock_.open(ep.protocol(), ec);
-      if (!ec) sock_.non_blocking(true, ec);
-      if (ec) {
-        why = ec.message();
-        close();
+    bool ok = false;
+    for (addrinfo* ai = res; ai && !ok; ai = ai->ai_next) {
+      fd_ = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+      if (fd_ < 0) {
+        why = std::strerror(errno);
         continue;
       }
-      int fd = sock_.native_handle();
-      int rc = ::connect(fd, ep.data(), static_cast<socklen_t>(ep.size()));
-      int err = rc == 0 ? 0 : errno;
+      int err = ::connect(fd_, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
       if (err == EINPROGRESS || err == EINTR) {
-        pollfd p{fd, POLLOUT, 0};
         int ms =
             static_cast<int>(deadline::min(until, deadline::after(milliseconds(5000))).remaining().count());
-        int r;
-        do r = ::poll(&p, 1, ms);
-        while (r < 0 && errno == EINTR);
+        short ev = 0;
+        for (auto t = deadline::after(milliseconds(ms)); !ev && !t.expired();)
+          ev = wait_fd(fd_, POLLOUT, static_cast<int>(t.remaining().count()));
         socklen_t len = sizeof err;
-        if (r == 0)
+        if (!ev)
           err = ETIMEDOUT;
-        else if (r < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        else if (::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
           err = errno;
       }
       if (err == 0) {
-        sock_.set_option(asio::ip::tcp::no_delay(true), ec);
-        sock_.set_option(asio::socket_base::keep_alive(true), ec);
+        int one = 1;
+        (void)::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        (void)::setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
         status st = handshake(deadline::min(until, deadline::after(op_timeout_)));
-        if (st.ok()) return true;
+        if (st.ok()) {
+          ok = true;
+          break;
+        }
         close();
         why = st.message();
         // A refusal or a foreign protocol will not change by retrying.
         if (st.code() == errc::bootstrap_error || st.code() == errc::protocol_error) {
           fatal_ = st;
-          return false;
+          break;
         }
         continue;
       }
       why = std::strerror(err);
       close();
     }
-    if (why.empty()) why = "no address";
-    return false;
+    ::freeaddrinfo(res);
+    if (!ok && why.empty()) why = "no address";
+    return ok;
   }
 
   // The job-token handshake on a freshly connected socket (store_protocol.hpp).
@@ -315,7 +335,7 @@ class store_client final : public cclite::store {
             "rank 0 running, and do all ranks use the same CCLITE_RDZV_ENDPOINT (or "
             "MASTER_ADDR:MASTER_PORT)?",
             endpoint_.c_str(), elapsed_ms(t0), why.c_str());
-      std::this_thread::sleep_for(std::min(backoff, until.remaining()));
+      wait_fd(-1, 0, static_cast<int>(std::min(backoff, until.remaining()).count()));
       backoff = std::min(backoff * 2, milliseconds(1000));
     }
   }
@@ -325,7 +345,7 @@ class store_client final : public cclite::store {
   status call(proto::op o, const std::string& key, const std::string& value, std::uint32_t wait_ms,
               deadline until, bool idempotent, proto::reply_header& rh, std::string& rv) {
     for (int attempt = 0;; ++attempt) {
-      if (!sock_.is_open()) {
+      if (fd_ < 0) {
         std::string why;
         if (!connect_once(deadline::min(until, deadline::after(op_timeout_)), why)) {
           if (!fatal_.ok()) return fatal_;
@@ -369,21 +389,20 @@ class store_client final : public cclite::store {
   status io(bool write, char* p, std::size_t n, deadline until, const char* what, const std::string* key) {
     auto during = [&] { return key ? std::string(what) + " of key '" + proto::printable(*key) + "'" : std::string(what); };
     while (n > 0) {
-      asio::error_code ec;
-      std::size_t k =
-          write ? sock_.write_some(asio::buffer(p, n), ec) : sock_.read_some(asio::buffer(p, n), ec);
-      if (!ec) {
+      long k = write ? ::send(fd_, p, n, MSG_NOSIGNAL) : ::recv(fd_, p, n, 0);
+      if (k > 0) {
         p += k;
-        n -= k;
+        n -= static_cast<std::size_t>(k);
         continue;
       }
-      if (ec == asio::error::interrupted) continue;
-      if (ec != asio::error::would_block && ec != asio::error::try_again) {
+      const int err = k == 0 ? 0 : errno;
+      if (k < 0 && err == EINTR) continue;
+      if (k == 0 || (err != EAGAIN && err != EWOULDBLOCK)) {
         close();
         return make_error(
             errc::peer_lost,
             "lost connection to the rendezvous store at %s (rank 0 gone?) during %s: %s", endpoint_.c_str(),
-            during().c_str(), ec == asio::error::eof ? "connection closed" : ec.message().c_str());
+            during().c_str(), k == 0 ? "connection closed" : std::strerror(err));
       }
       if (until.expired()) {
         close();
@@ -391,20 +410,21 @@ class store_client final : public cclite::store {
                           "the rendezvous store at %s did not answer %s in time; is rank 0 stuck or overloaded?",
                           endpoint_.c_str(), during().c_str());
       }
-      pollfd pfd{sock_.native_handle(), static_cast<short>(write ? POLLOUT : POLLIN), 0};
-      (void)::poll(&pfd, 1, static_cast<int>(until.remaining(milliseconds(1000)).count()));
+      (void)wait_fd(fd_, static_cast<short>(write ? POLLOUT : POLLIN),
+                    static_cast<int>(until.remaining(milliseconds(1000)).count()));
     }
     return {};
   }
 
-  asio::io_context io_{1};
-  asio::ip::tcp::socket sock_{io_};
+  int fd_ = -1;
   std::string host_;
   std::uint16_t port_;
   std::string endpoint_;
   milliseconds op_timeout_;
   std::string token_;
   status fatal_;  // a refusal that makes retrying pointless; sticky
+  poll_hook hook_;
 };
 
 }  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END

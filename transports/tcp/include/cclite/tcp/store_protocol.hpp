@@ -61,7 +61,24 @@
 #include <cstring>
 #include <string>
 
+#include <cclite/config.hpp>
 #include <cclite/bootstrap/store.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
+
+namespace cclite::tcp {
+
+/// How a store_client waits for its socket. Empty (the default): poll(). A
+/// client talking to a store_server of its own process with no background
+/// thread (CCLITE_NO_THREADS) waits through store_server::hook() instead, which
+/// serves the server's connections while it waits: wait(ctx, fd, events,
+/// timeout_ms) returns fd's revents (0 when not ready); fd < 0 just serves.
+struct poll_hook {
+  short (*wait)(void* ctx, int fd, short events, int timeout_ms) = nullptr;
+  void* ctx = nullptr;
+};
+
+}  // namespace cclite::tcp
 
 namespace cclite::tcp::proto {
 
@@ -274,3 +291,4 @@ inline std::string printable(const std::string& key, std::size_t max_chars = 160
 }
 
 }  // namespace cclite::tcp::proto
+CCLITE_SETUP_CODE_END

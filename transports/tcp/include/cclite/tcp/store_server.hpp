@@ -2,9 +2,16 @@
 //
 // store_server keeps the key-value map in memory and serves any number of
 // store_client connections (store_client.hpp) with the protocol of
-// store_protocol.hpp. It runs standalone Asio on ONE background thread, so the
-// map needs no lock and every connection is asynchronous: a stalled or hostile
-// client never holds up the others.
+// store_protocol.hpp. It is one poll() loop over non-blocking sockets (no
+// Asio, no per-operation allocation of handlers), so the map needs no lock and
+// a stalled or hostile client never holds up the others. The loop runs
+//   - on one background thread (the default), or
+//   - on the caller's thread, a bounded step per progress() call, with
+//     server_options::background_thread = false; this is forced under
+//     CCLITE_NO_THREADS. A store_client in the same process drives it while it
+//     waits (hook(), see poll_hook in store_protocol.hpp); other processes are
+//     served only while this process is inside progress() (a store call of its
+//     own client), which is what rank 0 does during init.
 //
 // Robustness (the port is reachable by anything on the network):
 //   - a connection must first prove it knows the job token
@@ -24,29 +31,43 @@
 //   - log lines are rate limited, so a flood cannot flood stderr.
 #pragma once
 
-#include <cclite/tcp/asio_no_exceptions.hpp>
-
-#include <asio.hpp>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+#if !defined(CCLITE_NO_THREADS)
+#include <thread>
+#endif
 
+#include <cclite/config.hpp>
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/log.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_protocol.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::tcp {
 
@@ -73,19 +94,23 @@ struct server_options {
   /// Log a WARN line (cclite's logger: CCLITE_DEBUG, CCLITE_DEBUG_FILE) for
   /// each dropped or refused client; at most 20 a second.
   bool log = true;
+  /// Serve on a background thread (true) or only inside progress() calls
+  /// (false; always false under CCLITE_NO_THREADS).
+  bool background_thread = true;
 };
 
 /// The TCP store server. Create with start(); the destructor closes every
-/// connection and joins the thread. All public members are thread-safe.
+/// connection (and joins the thread, if any). The counters are thread-safe;
+/// progress() belongs to one thread at a time.
 class store_server {
  public:
   /// Listens on bind_host:port ("" or "0.0.0.0" = every IPv4 address, "::" =
   /// every address; port 0 = an ephemeral port, see port()) with SO_REUSEADDR
-  /// and starts serving on a background thread. open_store() (rendezvous.hpp)
-  /// picks one address, never "every address" unless CCLITE_STORE_BIND_ANY=1.
+  /// and starts serving (see the top: background thread or progress()).
+  /// open_store() (rendezvous.hpp) picks one address, never "every address"
+  /// unless CCLITE_STORE_BIND_ANY=1.
   /// Errors: errc::bootstrap_error when the host does not resolve or the port
-  /// cannot be bound (the message says which and how to pick another port);
-  /// errc::unsupported under CCLITE_NO_THREADS.
+  /// cannot be bound (the message says which and how to pick another port).
   static result<std::unique_ptr<store_server>> start(const std::string& bind_host, std::uint16_t port,
                                                      server_options opts = {}) {
     return start(std::vector<std::string>{bind_host}, port, std::move(opts));
@@ -111,19 +136,42 @@ class store_server {
   std::uint64_t refused() const noexcept { return n_refused_.load(); }
   /// Connections that failed the job-token proof, so far.
   std::uint64_t auth_failures() const noexcept { return n_auth_failed_.load(); }
+  /// True when a background thread serves; false when progress() must.
+  bool threaded() const noexcept { return threaded_; }
+
+  /// Without a background thread: serves whatever is ready, waiting at most
+  /// `timeout_ms` (< 0: until something happens) for the server's sockets and
+  /// for `fd` (< 0: none) to be ready for `events`. Returns fd's revents (0 if
+  /// it was not ready). With a background thread it only waits for `fd`.
+  short progress(int timeout_ms, int fd = -1, short events = 0) {
+    if (threaded_) {
+      pollfd p{fd, events, 0};
+      int r = ::poll(&p, fd >= 0 ? 1 : 0, timeout_ms);
+      return r > 0 ? p.revents : 0;
+    }
+    return step(timeout_ms, fd, events);
+  }
+  /// The hook a store_client of this process waits through (store_protocol.hpp).
+  poll_hook hook() noexcept {
+    poll_hook h;
+    h.ctx = this;
+    h.wait = [](void* ctx, int fd, short events, int ms) -> short {
+      return static_cast<store_server*>(ctx)->progress(ms, fd, events);
+    };
+    return h;
+  }
 
  private:
-  class session;
+  struct session;
   using value_ptr = std::shared_ptr<const std::string>;
-
-  explicit store_server(server_options o) : opts_(o) {}
   struct listener {
-    explicit listener(asio::io_context& io) : acceptor(io), retry(io) {}
-    asio::ip::tcp::acceptor acceptor;
-    asio::steady_timer retry;
+    int fd = -1;
+    clock::time_point retry_at{};  // after an accept error: not polled before this
   };
-  void accept_next(listener& l);
-  void shutdown_all();
+
+  explicit store_server(server_options o) : opts_(std::move(o)) {}
+  short step(int timeout_ms, int extra_fd, short extra_events);
+  void accept_all(listener& l, clock::time_point now);
   void wake(const std::string& key);
   void remove_waiter(const std::string& key, const session* s);
   void log(const char* fmt, ...)
@@ -132,22 +180,24 @@ class store_server {
 #endif
       ;
 
-  // Declared first so that it is destroyed last: sockets and timers below
-  // belong to it.
-  asio::io_context io_{1};
-  std::vector<std::unique_ptr<listener>> listeners_;
   server_options opts_;
-  std::thread thread_;
+  std::vector<listener> listeners_;
   std::uint16_t port_ = 0;
   std::string address_;
+  bool threaded_ = false;
+#if !defined(CCLITE_NO_THREADS)
+  std::thread thread_;
+#endif
+  int wake_fd_[2] = {-1, -1};  // background thread: the destructor writes a byte to stop it
+  std::atomic<bool> stopping_{false};
 
-  // Touched on the io thread only.
-  bool stopping_ = false;
-  std::uint64_t next_id_ = 1;
-  std::unordered_map<std::uint64_t, std::shared_ptr<session>> sessions_;
+  // Touched by the serving thread only.
+  std::vector<std::unique_ptr<session>> sessions_;
+  std::size_t open_ = 0;
   std::unordered_map<std::string, value_ptr> data_;
   std::size_t data_bytes_ = 0;
-  std::unordered_map<std::string, std::vector<std::shared_ptr<session>>> waiters_;
+  std::unordered_map<std::string, std::vector<session*>> waiters_;
+  std::vector<pollfd> pfds_;  // reused by step()
   clock::time_point log_window_{};
   int log_lines_ = 0;
   std::uint64_t log_suppressed_ = 0;
@@ -160,5 +210,6 @@ class store_server {
 };
 
 }  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END
 
 #include <cclite/tcp/detail/store_session.hpp>

@@ -21,6 +21,10 @@
 //                        multiple of 4096 (default 4M)
 //   CCLITE_TCP_BLOCK     striping block, multiple of 4096 (default 128K)
 //   CCLITE_TCP_SOCKBUF   SO_SNDBUF/SO_RCVBUF; 0 = kernel autotuning (default 0)
+//   CCLITE_TCP_SPIN_US   microseconds a waiting link polls before it sleeps,
+//                        0..100000 (default 200; see link.hpp)
+//   CCLITE_TCP_EAGER     pending bytes at which a commit pushes to the
+//                        sockets; 0 = only when waiting (default 0)
 //   CCLITE_TCP_DISABLE=1 turns the transport off (enabled() is false)
 // For a pair, the connecting (lower) rank's NSOCKS and BLOCK win.
 //
@@ -62,8 +66,11 @@ struct transport_config {
   std::size_t buffsize = 4u << 20;
   std::size_t block = 128u << 10;
   int sockbuf = 0;
+  int spin_us = 200;
+  std::size_t eager = 0;
 
-  /// Reads CCLITE_NSOCKS, CCLITE_TCP_BUFFSIZE, CCLITE_TCP_BLOCK, CCLITE_TCP_SOCKBUF.
+  /// Reads CCLITE_NSOCKS, CCLITE_TCP_BUFFSIZE, CCLITE_TCP_BLOCK, CCLITE_TCP_SOCKBUF,
+  /// CCLITE_TCP_SPIN_US, CCLITE_TCP_EAGER.
   /// Errors: invalid_argument naming the variable and its accepted range.
   static result<transport_config> from_env() {
     transport_config c;
@@ -97,6 +104,20 @@ struct transport_config {
                         (long long)sb.value());
     }
     c.sockbuf = static_cast<int>(sb.value());
+    auto sp = env::get_int("TCP_SPIN_US", 200, false);
+    if (!sp) return sp.error();
+    if (sp.value() < 0 || sp.value() > 100000) {
+      return make_error(errc::invalid_argument, "CCLITE_TCP_SPIN_US=%lld must be between 0 and 100000",
+                        (long long)sp.value());
+    }
+    c.spin_us = static_cast<int>(sp.value());
+    auto eg = env::get_int("TCP_EAGER", 0, false);
+    if (!eg) return eg.error();
+    if (eg.value() < 0 || eg.value() > (std::int64_t(1) << 32)) {
+      return make_error(errc::invalid_argument, "CCLITE_TCP_EAGER=%lld must be between 0 and 4G",
+                        (long long)eg.value());
+    }
+    c.eager = static_cast<std::size_t>(eg.value());
     return c;
   }
 };
@@ -131,9 +152,9 @@ class transport {
     auto iface = choose_interface();
     if (!iface) return iface.error();
     CCLITE_TRY(acceptor_.listen(endpoint::from(iface->iface.addr), cfg_.sockbuf));
-    CCLITE_INFO(log(), "tcp: listening on %s, interface %s; nsocks %d, block %zu, buffers 2 x %zu per peer",
-                acceptor_.address().c_str(), iface->reason.c_str(), cfg_.nsocks, cfg_.block,
-                cfg_.buffsize);
+    CCLITE_INFO(log(), "tcp: listening on %s, interface %s; nsocks %d, block %zu, buffers 2 x %zu per peer, "
+                "spin %d us, eager push at %zu bytes", acceptor_.address().c_str(), iface->reason.c_str(),
+                cfg_.nsocks, cfg_.block, cfg_.buffsize, cfg_.spin_us, cfg_.eager);
     return ctx_.kv->set(key(ctx_.rank), acceptor_.address());
   }
 
@@ -226,7 +247,8 @@ class transport {
     }
     CCLITE_TRACE(log(), "tcp: connected to %s at %s with %d sockets", describe(peer).c_str(),
                  ep->to_string().c_str(), n);
-    return link::create(peer, describe(peer), socks, n, cfg_.block, cfg_.buffsize, ctx_.aborted);
+    return link::create(peer, describe(peer), socks, n, cfg_.block, cfg_.buffsize, ctx_.aborted,
+                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager);
   }
 
   // Timeouts from the setup helpers ("timed out <what>") get the elapsed time.
@@ -330,7 +352,8 @@ class transport {
                                             what.c_str()), start));
     }
     CCLITE_TRACE(log(), "tcp: accepted %s with %d sockets", describe(peer).c_str(), p.nsocks);
-    return link::create(peer, describe(peer), p.socks, p.nsocks, p.block, cfg_.buffsize, ctx_.aborted);
+    return link::create(peer, describe(peer), p.socks, p.nsocks, p.block, cfg_.buffsize, ctx_.aborted,
+                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager);
   }
 
   transport_context ctx_;

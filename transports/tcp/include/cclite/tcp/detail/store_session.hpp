@@ -1,106 +1,169 @@
 // cclite/tcp/detail/store_session.hpp - store_server's implementation: one
-// connection's state machine and the server's accept loop and store ops.
+// connection's state machine, the poll loop, accept, and the store ops.
 // Included by store_server.hpp; not a public header.
 //
-// Everything here runs on the server's single io thread. A session is owned by
-// store_server::sessions_ and by the handlers it has in flight; close() removes
-// it from the server, after which its handlers see closed_ and return.
+// Everything here runs on the serving thread (the background thread, or the
+// caller of progress()). A closed session stays in sessions_ (its fd closed,
+// out of every waiter list) until the end of the step that closed it, so raw
+// session pointers held during a step stay valid.
 #pragma once
 
+#include <cclite/config.hpp>
 #include <cclite/tcp/store_server.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::tcp {
 
-class store_server::session : public std::enable_shared_from_this<session> {
- public:
-  session(store_server& srv, asio::ip::tcp::socket sock, std::string peer, std::uint64_t id)
-      : srv_(srv),
-        sock_(std::move(sock)),
-        idle_timer_(srv.io_),
-        wait_timer_(srv.io_),
-        peer_(std::move(peer)),
-        id_(id) {}
+namespace detail {
+inline int errno_of_io(long n) { return n == 0 ? 0 : errno; }
+inline std::string sockaddr_text(const sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  unsigned port = 0;
+  if (ss.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss);
+    ::inet_ntop(AF_INET6, &a.sin6_addr, buf, sizeof buf);
+    port = ntohs(a.sin6_port);
+    return "[" + std::string(buf) + "]:" + std::to_string(port);
+  }
+  const auto& a = reinterpret_cast<const sockaddr_in&>(ss);
+  ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof buf);
+  port = ntohs(a.sin_port);
+  return std::string(buf) + ":" + std::to_string(port);
+}
+}  // namespace detail
+
+struct store_server::session {
+  enum class phase { handshake, between_frames, mid_frame, waiting, writing };
+  using time_point = clock::time_point;
+
+  session(store_server& srv, int fd, std::string peer) : srv_(srv), fd_(fd), peer_(std::move(peer)) {}
+  ~session() {
+    if (fd_ >= 0) ::close(fd_);
+  }
 
   /// Sends the challenge and waits for the proof (store_protocol.hpp); only a
   /// connection that passes reads requests. The whole handshake must finish
   /// within idle_timeout, so a silent or trickling stranger is dropped.
   void start() {
-    phase_ = phase::handshake;
     proto::auth_frame ch;
     if (status st = proto::make_nonce(ch.payload); !st.ok()) {
       srv_.log("%s", st.message().c_str());
       return close(nullptr);
     }
     nonce_ = ch.payload;
-    auth_out_ = proto::encode(ch);
+    auto b = proto::encode(ch);
+    std::memcpy(head_.data(), b.data(), b.size());
+    head_len_ = b.size();
+    head_off_ = 0;
     arm_idle(srv_.opts_.idle_timeout);
-    auto self = shared_from_this();
-    asio::async_write(sock_, asio::buffer(auth_out_), [this, self](const asio::error_code& ec, std::size_t) {
-      if (closed_) return;
-      if (ec) return close(nullptr);  // gone before it read the challenge
-      challenge_sent_ = true;
-      if (proof_in_) check_proof();
-    });
-    asio::async_read(sock_, asio::buffer(auth_in_), [this, self](const asio::error_code& ec, std::size_t n) {
-      if (closed_) return;
-      if (ec) {
-        // Connect-and-leave (a port probe, an idle client going away): not worth a line.
-        if (n == 0 && (ec == asio::error::eof || ec == asio::error::connection_reset)) return close(nullptr);
-        char why[160];
-        std::snprintf(why, sizeof why, "truncated handshake (%s after %zu of %zu bytes)",
-                      ec == asio::error::eof ? "closed" : ec.message().c_str(), n, auth_in_.size());
-        return close(why);
-      }
-      proto::auth_frame proof;
-      if (const char* bad = proto::decode_auth(auth_in_.data(), auth_in_.size(), proto::auth_kind::proof, proof)) {
-        char why[200];
-        std::snprintf(why, sizeof why, "not a cclite store client (%s; first bytes %02x %02x %02x %02x)", bad,
-                      auth_in_[0], auth_in_[1], auth_in_[2], auth_in_[3]);
-        return close(why);
-      }
-      proof_ = proof.payload;
-      proof_in_ = true;
-      // Only one write at a time on the socket: a (necessarily bogus) proof
-      // that beats the challenge out waits for it.
-      if (challenge_sent_) check_proof();
-    });
+    flush();
+  }
+
+  bool closed() const { return fd_ < 0; }
+  int fd() const { return fd_; }
+  bool writing() const { return head_off_ < head_len_ || reply_value_ != nullptr; }
+  short events() const {
+    short out = writing() ? POLLOUT : 0;
+    if (phase_ == phase::handshake) return out | (auth_got_ < auth_in_.size() ? POLLIN : 0);
+    return out ? out : POLLIN;
+  }
+  time_point next_timer() const { return std::min(idle_at_, waiting_ ? wait_at_ : time_point::max()); }
+
+  void on_ready(short revents) {
+    if (closed()) return;
+    if ((revents & (POLLOUT | POLLERR | POLLHUP)) && writing()) flush();
+    if (closed() || (writing() && phase_ != phase::handshake)) return;
+    if (revents & (POLLIN | POLLERR | POLLHUP)) {
+      if (phase_ == phase::handshake) return read_proof();
+      if (phase_ == phase::waiting) return watch_disconnect();
+      read_request();
+    }
+  }
+
+  void on_timers(time_point now) {
+    if (closed()) return;
+    if (waiting_ && now >= wait_at_) {
+      waiting_ = false;
+      wait_at_ = time_point::max();
+      srv_.remove_waiter(key_, this);
+      return reply(proto::reply_status::timeout, {});
+    }
+    if (now < idle_at_) return;
+    char why[160];
+    long long ms = static_cast<long long>(idle_len_.count());
+    if (phase_ == phase::handshake)
+      std::snprintf(why, sizeof why, "did not complete the job-token handshake within %lld ms", ms);
+    else if (phase_ == phase::writing)
+      std::snprintf(why, sizeof why, "did not read its reply for %lld ms", ms);
+    else if (phase_ == phase::mid_frame)
+      std::snprintf(why, sizeof why, "stalled for %lld ms mid-frame (%zu of %zu bytes)", ms,
+                    hdr_got_ + body_.size(), hdr_got_ < hdr_.size() ? hdr_.size() : hdr_.size() + body_total_);
+    else if (!established_)
+      std::snprintf(why, sizeof why, "sent no request for %lld ms after connecting", ms);
+    else
+      std::snprintf(why, sizeof why, "idle for %lld ms", ms);
+    close(why);
   }
 
   /// Closes the connection. `why` != nullptr: a protocol violation or timeout,
   /// logged as "dropped client <peer>: <why>".
   void close(const char* why) {
-    if (closed_) return;
-    closed_ = true;
+    if (closed()) return;
     if (why) {
       srv_.n_dropped_.fetch_add(1);
       srv_.log("dropped client %s: %s", peer_.c_str(), why);
     }
-    asio::error_code ec;
-    sock_.shutdown(asio::ip::tcp::socket::shutdown_both, ec);
-    sock_.close(ec);
-    idle_timer_.cancel();
-    wait_timer_.cancel();
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    fd_ = -1;
     if (waiting_) srv_.remove_waiter(key_, this);
     waiting_ = false;
-    if (srv_.stopping_) return;
-    store_server& srv = srv_;
-    srv.sessions_.erase(id_);  // callers hold a reference to *this, but be safe: locals only
-    srv.n_conn_.store(srv.sessions_.size());
+    reply_value_.reset();
+    --srv_.open_;
+    srv_.n_conn_.store(srv_.open_);
   }
 
   /// The key this session waits for was set.
   void key_ready() {
-    if (closed_ || !waiting_) return;
+    if (closed() || !waiting_) return;
     waiting_ = false;
-    ++wait_gen_;
-    wait_timer_.cancel();
-    asio::error_code ec;
-    sock_.cancel(ec);  // the disconnect watch (see watch_disconnect)
+    wait_at_ = time_point::max();
     answer_present();
   }
 
  private:
-  enum class phase { handshake, between_frames, mid_frame, waiting, writing };
+  // --- handshake -------------------------------------------------------------
+  void read_proof() {
+    while (auth_got_ < auth_in_.size()) {
+      long n = ::recv(fd_, auth_in_.data() + auth_got_, auth_in_.size() - auth_got_, 0);
+      if (n > 0) {
+        auth_got_ += static_cast<std::size_t>(n);
+        continue;
+      }
+      int err = detail::errno_of_io(n);
+      if (n < 0 && err == EINTR) continue;
+      if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return;
+      // Connect-and-leave (a port probe, an idle client going away): not worth a line.
+      if (auth_got_ == 0 && (n == 0 || err == ECONNRESET)) return close(nullptr);
+      char why[160];
+      std::snprintf(why, sizeof why, "truncated handshake (%s after %zu of %zu bytes)",
+                    n == 0 ? "closed" : std::strerror(err), auth_got_, auth_in_.size());
+      return close(why);
+    }
+    proto::auth_frame proof;
+    if (const char* bad = proto::decode_auth(auth_in_.data(), auth_in_.size(), proto::auth_kind::proof, proof)) {
+      char why[200];
+      std::snprintf(why, sizeof why, "not a cclite store client (%s; first bytes %02x %02x %02x %02x)", bad,
+                    auth_in_[0], auth_in_[1], auth_in_[2], auth_in_[3]);
+      return close(why);
+    }
+    proof_ = proof.payload;
+    proof_in_ = true;
+    // One reply at a time: a (necessarily bogus) proof that beats the
+    // challenge out is checked once the challenge is sent.
+    if (head_off_ == head_len_) check_proof();
+  }
 
   void check_proof() {
     proof_in_ = false;
@@ -120,62 +183,57 @@ class store_server::session : public std::enable_shared_from_this<session> {
     reply_error(proto::wrong_token_reason, proto::reply_status::refused);
   }
 
+  // --- requests --------------------------------------------------------------
   void read_header() {
     phase_ = phase::between_frames;
     hdr_got_ = 0;
-    body_got_ = body_total_ = 0;
+    body_.clear();
+    body_total_ = 0;
     arm_idle(established_ ? srv_.opts_.established_idle_timeout : srv_.opts_.idle_timeout);
-    read_more_header();
   }
 
-  void read_more_header() {
-    auto self = shared_from_this();
-    sock_.async_read_some(asio::buffer(hdr_.data() + hdr_got_, hdr_.size() - hdr_got_),
-                          [this, self](const asio::error_code& ec, std::size_t n) {
-                            if (closed_) return;
-                            if (ec) return read_failed(ec);
-                            hdr_got_ += n;
-                            phase_ = phase::mid_frame;
-                            if (hdr_got_ < hdr_.size()) {
-                              arm_idle(srv_.opts_.idle_timeout);
-                              return read_more_header();
-                            }
-                            if (const char* bad = proto::decode(hdr_.data(), req_)) return close(bad);
-                            body_.clear();
-                            body_got_ = 0;
-                            body_total_ = std::size_t(req_.key_len) + req_.value_len;
-                            read_body();
-                          });
+  void read_request() {
+    for (;;) {
+      char* p;
+      std::size_t want;
+      if (hdr_got_ < hdr_.size()) {
+        p = reinterpret_cast<char*>(hdr_.data()) + hdr_got_;
+        want = hdr_.size() - hdr_got_;
+      } else {
+        if (body_.size() == body_total_) return dispatch();
+        std::size_t old = body_.size();
+        want = std::min<std::size_t>(body_total_ - old, 64 << 10);
+        // Capacity follows the bytes received (doubling), capped by the
+        // validated length: a header announcing 64 MiB then silence costs 64 KiB.
+        if (old + want > body_.capacity())
+          body_.reserve(std::min(body_total_, std::max(old + want, 2 * body_.capacity())));
+        body_.resize(old + want);
+        p = &body_[old];
+      }
+      long n = ::recv(fd_, p, want, 0);
+      int err = detail::errno_of_io(n);
+      if (hdr_got_ == hdr_.size()) body_.resize(body_.size() - want + static_cast<std::size_t>(n > 0 ? n : 0));
+      if (n < 0 && err == EINTR) continue;
+      if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return;
+      if (n <= 0) return read_failed(err);
+      phase_ = phase::mid_frame;
+      arm_idle(srv_.opts_.idle_timeout);
+      if (hdr_got_ < hdr_.size()) {
+        hdr_got_ += static_cast<std::size_t>(n);
+        if (hdr_got_ < hdr_.size()) continue;
+        if (const char* bad = proto::decode(hdr_.data(), req_)) return close(bad);
+        body_total_ = std::size_t(req_.key_len) + req_.value_len;
+      }
+    }
   }
 
-  void read_body() {
-    if (body_.size() == body_total_) return dispatch();
-    arm_idle(srv_.opts_.idle_timeout);
-    std::size_t old = body_.size();
-    std::size_t want = std::min<std::size_t>(body_total_ - old, 64 << 10);
-    // Capacity follows the bytes received (doubling), capped by the validated
-    // length: a header announcing 64 MiB followed by silence costs 64 KiB.
-    if (old + want > body_.capacity())
-      body_.reserve(std::min(body_total_, std::max(old + want, 2 * body_.capacity())));
-    body_.resize(old + want);
-    auto self = shared_from_this();
-    sock_.async_read_some(asio::buffer(&body_[old], want),
-                          [this, self, old](const asio::error_code& ec, std::size_t n) {
-                            if (closed_) return;
-                            body_.resize(old + (ec ? 0 : n));
-                            body_got_ = body_.size();
-                            if (ec) return read_failed(ec);
-                            read_body();
-                          });
-  }
-
-  void read_failed(const asio::error_code& ec) {
+  void read_failed(int err) {
     if (phase_ == phase::between_frames && hdr_got_ == 0) return close(nullptr);  // clean goodbye
     char why[160];
-    std::size_t got = hdr_got_ + body_got_, want = hdr_.size() + body_total_;
+    std::size_t got = hdr_got_ + body_.size(), want = hdr_.size() + body_total_;
     if (hdr_got_ < hdr_.size()) want = hdr_.size();
     std::snprintf(why, sizeof why, "truncated frame (%s after %zu of %zu bytes)",
-                  ec == asio::error::eof ? "closed" : ec.message().c_str(), got, want);
+                  err == 0 ? "closed" : std::strerror(err), got, want);
     close(why);
   }
 
@@ -183,21 +241,22 @@ class store_server::session : public std::enable_shared_from_this<session> {
     arm_idle(std::chrono::milliseconds(0));
     established_ = true;
     key_.assign(body_, 0, req_.key_len);
+    auto& data = srv_.data_;
     switch (req_.code) {
       case proto::op::set: {
         body_.erase(0, req_.key_len);
         auto v = std::make_shared<const std::string>(std::move(body_));
         body_ = std::string();
         std::size_t old = 0;
-        auto it = srv_.data_.find(key_);
-        if (it != srv_.data_.end()) old = it->second->size() + key_.size();
+        auto it = data.find(key_);
+        if (it != data.end()) old = it->second->size() + key_.size();
         std::size_t next = srv_.data_bytes_ - old + key_.size() + v->size();
         if (next > srv_.opts_.max_total_bytes) {
           return reply_error("store full: server_options::max_total_bytes (" +
                              std::to_string(srv_.opts_.max_total_bytes) + ") reached");
         }
         srv_.data_bytes_ = next;
-        srv_.data_[key_] = std::move(v);
+        data[key_] = std::move(v);
         reply(proto::reply_status::ok, {});
         return srv_.wake(key_);
       }
@@ -206,8 +265,8 @@ class store_server::session : public std::enable_shared_from_this<session> {
         body_.clear();
         std::int64_t cur = 0;
         std::size_t old = 0;
-        auto it = srv_.data_.find(key_);
-        if (it != srv_.data_.end()) {
+        auto it = data.find(key_);
+        if (it != data.end()) {
           old = it->second->size() + key_.size();
           if (!parse_i64(*it->second, cur))
             return reply_error("add on key '" + proto::printable(key_) + "' whose value is not an integer");
@@ -217,48 +276,33 @@ class store_server::session : public std::enable_shared_from_this<session> {
           return reply_error("add on key '" + proto::printable(key_) + "' overflows int64");
         auto v = std::make_shared<const std::string>(std::to_string(next));
         srv_.data_bytes_ = srv_.data_bytes_ - old + key_.size() + v->size();
-        srv_.data_[key_] = std::move(v);
+        data[key_] = std::move(v);
         reply(proto::reply_status::ok, std::make_shared<const std::string>(proto::i64_bytes(next)));
         return srv_.wake(key_);
       }
-      case proto::op::check: {
-        bool has = srv_.data_.count(key_) != 0;
-        return reply(proto::reply_status::ok, std::make_shared<const std::string>(1, has ? '\1' : '\0'));
-      }
+      case proto::op::check:
+        return reply(proto::reply_status::ok,
+                     std::make_shared<const std::string>(1, data.count(key_) ? '\1' : '\0'));
       case proto::op::get:
-      case proto::op::wait: {
-        if (srv_.data_.count(key_)) return answer_present();
+      case proto::op::wait:
+        if (data.count(key_)) return answer_present();
         if (req_.wait_ms == 0) return reply(proto::reply_status::timeout, {});
+        // Parked: POLLIN now means the client left (or broke the protocol by
+        // sending before its reply), see watch_disconnect.
         phase_ = phase::waiting;
         waiting_ = true;
-        std::uint64_t gen = ++wait_gen_;
-        srv_.waiters_[key_].push_back(shared_from_this());
-        wait_timer_.expires_after(std::chrono::milliseconds(req_.wait_ms));
-        auto self = shared_from_this();
-        wait_timer_.async_wait([this, self, gen](const asio::error_code&) {
-          if (closed_ || !waiting_ || gen != wait_gen_) return;
-          waiting_ = false;
-          srv_.remove_waiter(key_, this);
-          asio::error_code ec;
-          sock_.cancel(ec);
-          reply(proto::reply_status::timeout, {});
-        });
-        return watch_disconnect(gen);
-      }
+        wait_at_ = clock::now() + std::chrono::milliseconds(req_.wait_ms);
+        srv_.waiters_[key_].push_back(this);
+        return;
     }
   }
 
-  // While a get/wait is parked, a read of one byte tells us when the client
-  // goes away (so the waiter does not linger) or breaks the protocol by
-  // sending before its reply. It is cancelled when the wait ends.
-  void watch_disconnect(std::uint64_t gen) {
-    auto self = shared_from_this();
-    sock_.async_read_some(asio::buffer(&watch_byte_, 1),
-                          [this, self, gen](const asio::error_code& ec, std::size_t) {
-                            if (closed_ || !waiting_ || gen != wait_gen_) return;
-                            if (ec == asio::error::operation_aborted) return;
-                            close(ec ? nullptr : "sent a request while its get/wait was pending");
-                          });
+  void watch_disconnect() {
+    char b;
+    long n = ::recv(fd_, &b, 1, MSG_PEEK);
+    int err = detail::errno_of_io(n);
+    if (n < 0 && (err == EINTR || err == EAGAIN || err == EWOULDBLOCK)) return;
+    close(n > 0 ? "sent a request while its get/wait was pending" : nullptr);
   }
 
   void answer_present() {
@@ -276,47 +320,58 @@ class store_server::session : public std::enable_shared_from_this<session> {
   void reply(proto::reply_status st, value_ptr value) {
     phase_ = phase::writing;
     reply_value_ = std::move(value);
+    if (reply_value_ && reply_value_->empty()) reply_value_.reset();
     proto::reply_header h;
     h.status = st;
     h.value_len = reply_value_ ? static_cast<std::uint32_t>(reply_value_->size()) : 0;
-    reply_hdr_ = proto::encode(h);
-    std::array<asio::const_buffer, 2> bufs{asio::buffer(reply_hdr_),
-                                           reply_value_ ? asio::buffer(*reply_value_) : asio::const_buffer()};
+    auto b = proto::encode(h);
+    std::memcpy(head_.data(), b.data(), b.size());
+    head_len_ = b.size();
+    head_off_ = 0;
+    value_off_ = 0;
     arm_idle(srv_.opts_.idle_timeout);
-    auto self = shared_from_this();
-    asio::async_write(sock_, bufs, [this, self](const asio::error_code& ec, std::size_t) {
-      if (closed_) return;
-      reply_value_.reset();
-      if (ec || refusing_) return close(nullptr);  // went away, or refused (already logged)
-      read_header();
-    });
+    flush();
+  }
+
+  // Writes what the socket takes of head_ and reply_value_; when all is out,
+  // moves on (handshake: check the proof if it came; otherwise read the next
+  // request, or close after a refusal).
+  void flush() {
+    while (head_off_ < head_len_ || reply_value_) {
+      iovec iov[2];
+      int k = 0;
+      if (head_off_ < head_len_) iov[k++] = {head_.data() + head_off_, head_len_ - head_off_};
+      if (reply_value_)
+        iov[k++] = {const_cast<char*>(reply_value_->data()) + value_off_, reply_value_->size() - value_off_};
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = static_cast<decltype(m.msg_iovlen)>(k);
+      long n = ::sendmsg(fd_, &m, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        return close(nullptr);  // went away before its reply
+      }
+      std::size_t left = static_cast<std::size_t>(n);
+      std::size_t h = std::min(left, head_len_ - head_off_);
+      head_off_ += h;
+      left -= h;
+      if (reply_value_) {
+        value_off_ += left;
+        if (value_off_ == reply_value_->size()) reply_value_.reset();
+      }
+    }
+    if (phase_ == phase::handshake) {
+      if (proof_in_) check_proof();
+      return;
+    }
+    if (refusing_) return close(nullptr);  // refused (already logged)
+    read_header();
   }
 
   void arm_idle(std::chrono::milliseconds d) {
-    std::uint64_t gen = ++idle_gen_;
-    if (d.count() <= 0) {
-      idle_timer_.cancel();
-      return;
-    }
-    idle_timer_.expires_after(d);
-    auto self = shared_from_this();
-    idle_timer_.async_wait([this, self, gen, d](const asio::error_code&) {
-      if (closed_ || gen != idle_gen_) return;
-      char why[160];
-      long long ms = static_cast<long long>(d.count());
-      if (phase_ == phase::handshake)
-        std::snprintf(why, sizeof why, "did not complete the job-token handshake within %lld ms", ms);
-      else if (phase_ == phase::writing)
-        std::snprintf(why, sizeof why, "did not read its reply for %lld ms", ms);
-      else if (phase_ == phase::mid_frame)
-        std::snprintf(why, sizeof why, "stalled for %lld ms mid-frame (%zu of %zu bytes)", ms,
-                      hdr_got_ + body_got_, hdr_got_ < hdr_.size() ? hdr_.size() : hdr_.size() + body_total_);
-      else if (!established_)
-        std::snprintf(why, sizeof why, "sent no request for %lld ms after connecting", ms);
-      else
-        std::snprintf(why, sizeof why, "idle for %lld ms", ms);
-      close(why);
-    });
+    idle_len_ = d;
+    idle_at_ = d.count() <= 0 ? time_point::max() : clock::now() + d;
   }
 
   // Strict decimal int64 (what add stores); false for anything else.
@@ -338,28 +393,25 @@ class store_server::session : public std::enable_shared_from_this<session> {
   }
 
   store_server& srv_;
-  asio::ip::tcp::socket sock_;
-  asio::steady_timer idle_timer_;
-  asio::steady_timer wait_timer_;
+  int fd_;
   std::string peer_;
-  std::uint64_t id_;
-  phase phase_ = phase::between_frames;
-  bool closed_ = false, established_ = false, waiting_ = false, refusing_ = false;
-  bool challenge_sent_ = false, proof_in_ = false;
+  phase phase_ = phase::handshake;
+  bool established_ = false, waiting_ = false, refusing_ = false, proof_in_ = false;
+  time_point idle_at_ = time_point::max(), wait_at_ = time_point::max();
+  std::chrono::milliseconds idle_len_{0};
   std::array<std::uint8_t, proto::nonce_bytes> nonce_{}, proof_{};
-  std::array<std::uint8_t, proto::auth_frame_bytes> auth_out_{};
   std::array<std::uint8_t, proto::auth_frame_bytes> auth_in_{};
-  std::uint64_t idle_gen_ = 0, wait_gen_ = 0;
+  std::size_t auth_got_ = 0;
   std::array<std::uint8_t, proto::request_header_bytes> hdr_{};
   std::size_t hdr_got_ = 0;
   proto::request_header req_;
   std::string body_;
   std::size_t body_total_ = 0;
-  std::size_t body_got_ = 0;  // body_.size() includes the area of a read in flight
   std::string key_;
-  std::array<std::uint8_t, proto::reply_header_bytes> reply_hdr_{};
+  std::array<std::uint8_t, proto::auth_frame_bytes> head_{};  // challenge or reply header being written
+  std::size_t head_len_ = 0, head_off_ = 0;
   value_ptr reply_value_;
-  char watch_byte_ = 0;
+  std::size_t value_off_ = 0;
 };
 
 // ---- store_server ------------------------------------------------------------
@@ -367,9 +419,8 @@ class store_server::session : public std::enable_shared_from_this<session> {
 inline result<std::unique_ptr<store_server>> store_server::start(const std::vector<std::string>& bind_hosts,
                                                                  std::uint16_t port, server_options opts) {
 #if defined(CCLITE_NO_THREADS)
-  (void)bind_hosts, (void)port, (void)opts;
-  return make_error(errc::unsupported, "the TCP store server needs a thread; built with CCLITE_NO_THREADS");
-#else
+  opts.background_thread = false;
+#endif
   std::unique_ptr<store_server> s(new store_server(std::move(opts)));
   std::vector<std::string> hosts = bind_hosts.empty() ? std::vector<std::string>{""} : bind_hosts;
   for (const std::string& bind_host : hosts) {
@@ -381,102 +432,145 @@ inline result<std::unique_ptr<store_server>> store_server::start(const std::vect
                         "CCLITE_RDZV_ENDPOINT / MASTER_PORT to a free port",
                         bind_host.empty() ? "0.0.0.0" : bind_host.c_str(), unsigned(port), why.c_str());
     };
-    asio::error_code ec;
-    asio::ip::address addr;
-    if (host.empty() || host == "*") {
-      addr = asio::ip::address_v4::any();
+    sockaddr_storage ss{};
+    auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    if (host.empty() || host == "*" || ::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+      ss.ss_family = AF_INET;  // sin_addr stays 0 = INADDR_ANY for "" and "*"
+    } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+      ss.ss_family = AF_INET6;
     } else {
-      addr = asio::ip::make_address(host, ec);
-      if (ec) {
-        asio::ip::tcp::resolver r(s->io_);
-        auto res = r.resolve(host, "", ec);
-        if (ec || res.empty()) return fail("cannot resolve the host: " + ec.message());
-        addr = res.begin()->endpoint().address();
-      }
+      addrinfo hints{}, *res = nullptr;
+      hints.ai_socktype = SOCK_STREAM;
+      int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+      if (rc != 0 || !res) return fail(std::string("cannot resolve the host: ") + ::gai_strerror(rc));
+      std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+      ::freeaddrinfo(res);
     }
-    asio::ip::tcp::endpoint ep(addr, port);
-    s->listeners_.push_back(std::make_unique<listener>(s->io_));
-    auto& acc = s->listeners_.back()->acceptor;
-    acc.open(ep.protocol(), ec);
-    if (ec) return fail(ec.message());
-    acc.set_option(asio::socket_base::reuse_address(true), ec);
-    if (addr.is_v6() && addr.is_unspecified()) acc.set_option(asio::ip::v6_only(false), ec);
-    acc.bind(ep, ec);
-    if (ec) return fail(ec.message());
-    acc.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return fail(ec.message());
-    auto local = acc.local_endpoint(ec);
-    if (ec) return fail(ec.message());
-    port = local.port();  // the next addresses share it
+    const bool is6 = ss.ss_family == AF_INET6;
+    if (is6)
+      v6->sin6_port = htons(port);
+    else
+      v4->sin_port = htons(port);
+    int fd = ::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return fail(std::strerror(errno));
+    s->listeners_.push_back(listener{fd, {}});
+    int one = 1, zero = 0;
+    (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (is6 && IN6_IS_ADDR_UNSPECIFIED(&v6->sin6_addr))
+      (void)::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    socklen_t len = is6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
+      return fail(std::strerror(errno));
+    port = ntohs(is6 ? v6->sin6_port : v4->sin_port);  // the next addresses share it
     if (s->address_.empty()) {
       s->port_ = port;
-      s->address_ = (addr.is_v6() ? "[" + addr.to_string() + "]" : addr.to_string()) + ":" + std::to_string(port);
+      s->address_ = detail::sockaddr_text(ss);
     }
   }
-  for (auto& l : s->listeners_) s->accept_next(*l);
-  store_server* raw = s.get();
-  s->thread_ = std::thread([raw] { raw->io_.run(); });
-  return {std::move(s)};
+#if !defined(CCLITE_NO_THREADS)
+  if (s->opts_.background_thread) {
+    if (::pipe2(s->wake_fd_, O_NONBLOCK | O_CLOEXEC) != 0)
+      return make_error(errc::bootstrap_error, "tcp store: pipe: %s", std::strerror(errno));
+    s->threaded_ = true;
+    store_server* raw = s.get();
+    s->thread_ = std::thread([raw] {
+      while (!raw->stopping_.load()) raw->step(-1, -1, 0);
+    });
+  }
 #endif
+  return {std::move(s)};
 }
 
 inline store_server::~store_server() {
+#if !defined(CCLITE_NO_THREADS)
   if (thread_.joinable()) {
-    // Closing everything on the io thread cancels every pending operation;
-    // run() then returns for lack of work.
-    asio::post(io_, [this] { shutdown_all(); });
+    stopping_.store(true);
+    char b = 1;
+    while (::write(wake_fd_[1], &b, 1) < 0 && errno == EINTR) {
+    }
     thread_.join();
   }
-}
-
-inline void store_server::shutdown_all() {
-  stopping_ = true;
-  asio::error_code ec;
-  for (auto& l : listeners_) {
-    l->acceptor.close(ec);
-    l->retry.cancel();
-  }
-  for (auto& kv : sessions_) kv.second->close(nullptr);
+#endif
+  stopping_.store(true);
+  for (auto& l : listeners_) ::close(l.fd);
+  for (auto& s : sessions_) s->close(nullptr);
   sessions_.clear();
-  waiters_.clear();
+  for (int fd : wake_fd_)
+    if (fd >= 0) ::close(fd);
   n_conn_.store(0);
 }
 
-inline void store_server::accept_next(listener& l) {
-  l.acceptor.async_accept([this, &l](const asio::error_code& ec, asio::ip::tcp::socket sock) {
-    if (stopping_) return;
-    if (ec) {
+// One round of the loop: wait for a socket (or a timer, or `extra_fd`) at most
+// `timeout_ms`, then serve every ready connection and every expired timer.
+inline short store_server::step(int timeout_ms, int extra_fd, short extra_events) {
+  auto now = clock::now();
+  clock::time_point next = clock::time_point::max();
+  pfds_.clear();
+  if (wake_fd_[0] >= 0) pfds_.push_back({wake_fd_[0], POLLIN, 0});
+  const std::size_t first_listener = pfds_.size();
+  for (auto& l : listeners_) {
+    if (l.retry_at > now) next = std::min(next, l.retry_at);
+    pfds_.push_back({l.retry_at > now ? -1 : l.fd, POLLIN, 0});
+  }
+  const std::size_t first_session = pfds_.size();
+  for (auto& s : sessions_) {
+    pfds_.push_back({s->fd(), s->events(), 0});
+    next = std::min(next, s->next_timer());
+  }
+  const std::size_t extra = pfds_.size();
+  if (extra_fd >= 0) pfds_.push_back({extra_fd, extra_events, 0});
+  if (next != clock::time_point::max()) {
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
+    ms = std::max<decltype(ms)>(ms, 0);
+    if (timeout_ms < 0 || ms < timeout_ms) timeout_ms = static_cast<int>(std::min<decltype(ms)>(ms, 1 << 30));
+  }
+  int r = ::poll(pfds_.data(), static_cast<nfds_t>(pfds_.size()), timeout_ms);
+  if (r < 0) return 0;  // EINTR: the caller comes back
+  // Sessions accepted below are not in pfds_; they are served from the next step.
+  const std::size_t n_sessions = sessions_.size();
+  for (std::size_t i = 0; i < n_sessions; ++i)
+    if (short ev = pfds_[first_session + i].revents) sessions_[i]->on_ready(ev);
+  now = clock::now();
+  for (std::size_t i = 0; i < listeners_.size(); ++i)
+    if (pfds_[first_listener + i].revents) accept_all(listeners_[i], now);
+  for (std::size_t i = 0; i < n_sessions; ++i) sessions_[i]->on_timers(now);
+  sessions_.erase(std::remove_if(sessions_.begin(), sessions_.end(),
+                                 [](const std::unique_ptr<session>& s) { return s->closed(); }),
+                  sessions_.end());
+  return extra_fd >= 0 ? pfds_[extra].revents : 0;
+}
+
+inline void store_server::accept_all(listener& l, clock::time_point now) {
+  for (;;) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    int fd = ::accept4(l.fd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       // EMFILE and friends: back off instead of spinning; pending connections
       // wait in the listen backlog.
-      if (ec != asio::error::operation_aborted) log("accept failed: %s", ec.message().c_str());
-      l.retry.expires_after(std::chrono::milliseconds(100));
-      l.retry.async_wait([this, &l](const asio::error_code& e) {
-        if (!e && !stopping_) accept_next(l);
-      });
+      log("accept failed: %s", std::strerror(errno));
+      l.retry_at = now + std::chrono::milliseconds(100);
       return;
     }
-    asio::error_code e2;
-    auto rep = sock.remote_endpoint(e2);
-    std::string peer =
-        e2 ? std::string("unknown")
-           : (rep.address().is_v6() ? "[" + rep.address().to_string() + "]" : rep.address().to_string()) +
-                 ":" + std::to_string(rep.port());
-    if (sessions_.size() >= opts_.max_connections) {
+    std::string peer = detail::sockaddr_text(ss);
+    if (open_ >= opts_.max_connections) {
       n_refused_.fetch_add(1);
-      log("refused client %s: %zu connections open (server_options::max_connections)", peer.c_str(),
-          sessions_.size());
-      sock.close(e2);
-    } else {
-      sock.set_option(asio::ip::tcp::no_delay(true), e2);
-      sock.set_option(asio::socket_base::keep_alive(true), e2);
-      std::uint64_t id = next_id_++;
-      auto s = std::make_shared<session>(*this, std::move(sock), std::move(peer), id);
-      sessions_.emplace(id, s);
-      n_conn_.store(sessions_.size());
-      s->start();
+      log("refused client %s: %zu connections open (server_options::max_connections)", peer.c_str(), open_);
+      ::close(fd);
+      continue;
     }
-    accept_next(l);
-  });
+    int one = 1;
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    sessions_.push_back(std::make_unique<session>(*this, fd, std::move(peer)));
+    ++open_;
+    n_conn_.store(open_);
+    sessions_.back()->start();
+  }
 }
 
 inline void store_server::wake(const std::string& key) {
@@ -484,15 +578,14 @@ inline void store_server::wake(const std::string& key) {
   if (it == waiters_.end()) return;
   auto list = std::move(it->second);
   waiters_.erase(it);
-  for (auto& s : list) s->key_ready();
+  for (session* s : list) s->key_ready();
 }
 
 inline void store_server::remove_waiter(const std::string& key, const session* s) {
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
   auto& v = it->second;
-  v.erase(std::remove_if(v.begin(), v.end(), [s](const std::shared_ptr<session>& p) { return p.get() == s; }),
-          v.end());
+  v.erase(std::remove(v.begin(), v.end(), s), v.end());
   if (v.empty()) waiters_.erase(it);
 }
 
@@ -520,3 +613,4 @@ inline void store_server::log(const char* fmt, ...) {
 }
 
 }  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END

@@ -1,0 +1,253 @@
+// cclite/collective/comm_algorithms.hpp - running each algorithm over a communicator's links.
+//
+// The layer between comm_core (ranks, topology, links; collective/comm_core.hpp)
+// and communicator (collective/communicator.hpp): each run_* takes a
+// collective's buffers, connects the links its schedule needs (ensure_links,
+// in a deadlock-free pair order) and runs the type-free schedule of
+// algorithm/ over primitives on those links. Scratch buffers belong to the
+// communicator and are sized at init, so automatic choices do not allocate.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <cclite/algorithm/halving_doubling.hpp>
+#include <cclite/algorithm/recursive_doubling.hpp>
+#include <cclite/algorithm/ring_gather.hpp>
+#include <cclite/algorithm/tree.hpp>
+#include <cclite/collective/comm_core.hpp>
+
+namespace cclite::detail {
+
+template <class... Transports>
+class comm_algorithms : public comm_core<Transports...> {
+ protected:
+  using base = comm_core<Transports...>;
+  using base::base;
+  using base::rank_; using base::size_; using base::topo_; using base::chunk_bytes_; using base::scratch_;
+  using base::scratch_len_; using base::scratch_off_; using base::scratch_peers_;
+  using base::with_links; using base::ensure_links; using base::local_copy; using base::exchange_with;
+
+  // Allgather and allgatherv: own block into place, then the ring moves the rest.
+  status run_allgather(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t elem,
+                       deadline until) {
+    const int n = size_;
+    std::vector<std::size_t>& len = scratch_len_;
+    std::vector<std::size_t>& off = scratch_off_;
+    len.resize(static_cast<std::size_t>(n));  // no allocation after the first call
+    off.resize(static_cast<std::size_t>(n));
+    std::size_t max_len = 0;
+    for (int r = 0; r < n; ++r) {
+      const std::size_t i = static_cast<std::size_t>(r);
+      len[i] = d.counts ? d.counts[i] : d.count;
+      off[i] = d.displs ? d.displs[i] : i * d.count;
+      max_len = std::max(max_len, len[i]);
+    }
+    const std::size_t me = static_cast<std::size_t>(rank_);
+    if (d.counts && d.count != len[me]) {
+      return make_error(errc::invalid_argument, "allgatherv: send count %zu differs from counts[%d] = %zu",
+                        d.count, rank_, len[me]);
+    }
+    CCLITE_TRY(local_copy(send, recv + off[me] * elem, len[me] * elem));
+    if (n == 1) return {};
+    const ring_blocks b{topo_.ring().data(), len.data(), off.data(), max_len};
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / elem);
+    return with_links(topo_.ring_prev(rank_), topo_.ring_next(rank_), elem, nullptr, until, [&](auto& pr) {
+      return ring_allgather(pr, recv, elem, n, topo_.ring_position(rank_), b, chunk);
+    });
+  }
+
+  // Recursive doubling on `recv` (send copied in first), exchanging with each
+  // partner over a direct link.
+  status run_rd_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                          const reduction& red, deadline until) {
+    const std::size_t bytes = count * red.elem_size;
+    CCLITE_TRY(local_copy(send, recv, bytes));
+    if (scratch_.size() < bytes) scratch_.resize(bytes);  // only when rd is forced on large data
+    int peers[64];
+    const int m = recursive_doubling_peers(rank_, size_, peers);
+    CCLITE_TRY(ensure_links(peers, m, until));
+    auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
+      return with_links(peer, peer, red.elem_size, nullptr, until, [&](auto& pr) -> status {
+        CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
+        return pr.finish();
+      });
+    };
+    return recursive_doubling_allreduce(recv, scratch_.data(), count, red, rank_, size_, exchange);
+  }
+
+  // Rabenseifner's reduce-scatter + allgather on `recv` (send copied in first).
+  status run_hd_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                          const reduction& red, deadline until) {
+    CCLITE_TRY(local_copy(send, recv, count * red.elem_size));
+    const std::size_t need = halving_doubling_scratch(count, size_) * red.elem_size;
+    if (scratch_.size() < need) scratch_.resize(need);  // sized at init for the automatic range
+    int peers[64];
+    const int m = halving_doubling_peers(rank_, size_, peers);
+    CCLITE_TRY(ensure_links(peers, m, until));
+    auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
+      return exchange_with(peer, out, ob, in, ib, red.elem_size, until);
+    };
+    return halving_doubling_allreduce(recv, scratch_.data(), count, red, rank_, size_, exchange);
+  }
+
+  // The tree algorithms work on ring positions (node by node), so most tree
+  // edges stay inside a node; `root_pos` rotates a rooted tree onto the root.
+  template <class F>
+  status with_tree_peers(int root_pos, std::size_t elem, deadline until, bool both_trees, F&& fn) {
+    const int n = size_;
+    const int me = (topo_.ring_position(rank_) - root_pos + n) % n;
+    auto rank_at = [&](int tpos) { return topo_.ring()[static_cast<std::size_t>((tpos + root_pos) % n)]; };
+    int tp[6], peers[6];
+    int m = 0;
+    if (both_trees) {
+      m = double_tree_peers(me, n, tp);
+    } else {
+      tree_node t = bit_tree(me, n);
+      for (int p : {t.parent, t.child[0], t.child[1]})
+        if (p >= 0) tp[m++] = p;
+    }
+    for (int i = 0; i < m; ++i) peers[i] = rank_at(tp[i]);
+    CCLITE_TRY(ensure_links(peers, m, until));
+    auto send = [&](int tpos, const std::uint8_t* src, std::size_t b) {
+      return exchange_with(rank_at(tpos), src, b, nullptr, 0, elem, until);
+    };
+    auto recv = [&](int tpos, std::uint8_t* dst, std::size_t b) {
+      return exchange_with(rank_at(tpos), nullptr, 0, dst, b, elem, until);
+    };
+    return fn(me, send, recv);
+  }
+
+  // Tree pieces stay well inside a link buffer (see fit_chunk_to_buffers).
+  std::size_t tree_chunk_elems(std::size_t elem) const { return std::max<std::size_t>(1, chunk_bytes_ / elem); }
+
+  status run_tree_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                            const reduction& red, deadline until) {
+    CCLITE_TRY(local_copy(send, recv, count * red.elem_size));
+    const std::size_t chunk = tree_chunk_elems(red.elem_size);
+    if (scratch_.size() < chunk * red.elem_size) scratch_.resize(chunk * red.elem_size);
+    return with_tree_peers(0, red.elem_size, until, true, [&](int me, auto& snd, auto& rcv) {
+      return double_tree_allreduce(recv, scratch_.data(), count, red, me, size_, chunk, snd, rcv);
+    });
+  }
+
+  status run_tree_broadcast(std::uint8_t* data, std::size_t bytes, int root, std::size_t elem, deadline until) {
+    const std::size_t chunk = tree_chunk_elems(elem) * elem;
+    return with_tree_peers(topo_.ring_position(root), elem, until, false, [&](int me, auto& snd, auto& rcv) {
+      return tree_broadcast(data, bytes, me, size_, chunk, snd, rcv);
+    });
+  }
+
+  status run_tree_reduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, int root,
+                         const reduction& red, deadline until) {
+    const std::size_t chunk = tree_chunk_elems(red.elem_size);
+    if (scratch_.size() < 2 * chunk * red.elem_size) scratch_.resize(2 * chunk * red.elem_size);
+    return with_tree_peers(topo_.ring_position(root), red.elem_size, until, false, [&](int me, auto& snd, auto& rcv) {
+      return tree_reduce(send, recv, scratch_.data(), count, red, me, size_, chunk, snd, rcv);
+    });
+  }
+
+  // Gather / scatter straight between the root and each rank, in rank order.
+  status run_rooted_direct(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t bytes,
+                           std::size_t elem, deadline until) {
+    const bool gather = d.kind == collective_kind::gather;
+    const std::size_t me = static_cast<std::size_t>(rank_);
+    if (bytes && (gather ? !send : !recv)) return make_error(errc::invalid_argument, "%s: null buffer", to_string(d.kind));
+    if (bytes && rank_ == d.root && (gather ? !recv : !send))
+      return make_error(errc::invalid_argument, "%s: null buffer on the root", to_string(d.kind));
+    if (rank_ != d.root) {
+      CCLITE_TRY(ensure_links(&d.root, 1, until));
+      return with_links(d.root, d.root, elem, nullptr, until, [&](auto& pr) -> status {
+        CCLITE_TRY(gather ? pr.send(send, bytes) : pr.recv(recv, bytes));
+        return pr.finish();
+      });
+    }
+    if (gather) CCLITE_TRY(local_copy(send, recv + me * bytes, bytes));
+    else CCLITE_TRY(local_copy(send + me * bytes, recv, bytes));
+    std::vector<int>& all = scratch_peers_;
+    all.resize(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) all[static_cast<std::size_t>(r)] = r;
+    CCLITE_TRY(ensure_links(all.data(), size_, until));
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const std::size_t at = static_cast<std::size_t>(r) * bytes;
+      CCLITE_TRY(with_links(r, r, elem, nullptr, until, [&](auto& pr) -> status {
+        CCLITE_TRY(gather ? pr.recv(recv + at, bytes) : pr.send(send + at, bytes));
+        return pr.finish();
+      }));
+    }
+    return {};
+  }
+
+  // Pairwise exchange: in step k send to rank+k and receive from rank-k, both
+  // at once; n-1 steps, each rank sends (n-1)/n of its buffer. In place
+  // (send == recv, MPI_IN_PLACE): run_alltoall_in_place.
+  status run_alltoall(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t elem,
+                      deadline until) {
+    const int n = size_;
+    const bool in_place = send && send == recv;
+    auto scount = [&](int r) { return in_place ? rcount_of(d, r) : d.counts ? d.counts[r] : d.count; };
+    auto sdispl = [&](int r) { return in_place ? rdispl_of(d, r) : d.displs ? d.displs[r] : static_cast<std::size_t>(r) * d.count; };
+    auto rcount = [&](int r) { return rcount_of(d, r); };
+    auto rdispl = [&](int r) { return rdispl_of(d, r); };
+    if (scount(rank_) != rcount(rank_)) {
+      return make_error(errc::invalid_argument, "alltoallv: send_counts[%d] = %zu but recv_counts[%d] = %zu",
+                        rank_, scount(rank_), rank_, rcount(rank_));
+    }
+    CCLITE_TRY(local_copy(send + sdispl(rank_) * elem, recv + rdispl(rank_) * elem, scount(rank_) * elem));
+    if (n == 1) return {};
+    std::vector<int>& all = scratch_peers_;
+    all.resize(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = r;
+    CCLITE_TRY(ensure_links(all.data(), n, until));
+    if (in_place) return run_alltoall_in_place(d, recv, elem, until);
+    for (int k = 1; k < n; ++k) {
+      const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
+      CCLITE_TRY(with_links(from, to, elem, nullptr, until, [&](auto& pr) -> status {
+        CCLITE_TRY(pr.sendrecv(send + sdispl(to) * elem, scount(to) * elem, recv + rdispl(from) * elem,
+                               rcount(from) * elem));
+        return pr.finish();
+      }));
+    }
+    return {};
+  }
+  static std::size_t rcount_of(const op_desc& d, int r) { return d.rcounts ? d.rcounts[r] : d.count; }
+  static std::size_t rdispl_of(const op_desc& d, int r) {
+    return d.rdispls ? d.rdispls[r] : static_cast<std::size_t>(r) * d.count;
+  }
+
+  // In-place alltoall: block p of `buf` goes to p and is replaced by p's block
+  // for us, so each step swaps one block with one partner (a round-robin
+  // tournament: n-1 rounds for even n, n rounds with one rank idle for odd n).
+  // The outgoing piece is copied to the communicator's scratch first, at most
+  // scratch_.size() bytes at a time: no allocation per call. alltoallv in
+  // place (MPI's rule) uses the recv counts both ways, which must then be
+  // symmetric: recv_counts[p] here = recv_counts[me] on p.
+  status run_alltoall_in_place(const op_desc& d, std::uint8_t* buf, std::size_t elem, deadline until) {
+    const int n = size_;
+    const int m = n % 2 ? n : n - 1;  // odd: the circle of m ranks; even: rank n-1 sits in its middle
+    const std::size_t piece = std::max<std::size_t>(elem, scratch_.size() / elem * elem);
+    for (int k = 0; k < m; ++k) {
+      int p;
+      if (rank_ < m) {
+        p = ((k - rank_) % m + m) % m;
+        if (p == rank_) p = n % 2 ? -1 : n - 1;  // odd n: a bye this round
+      } else {
+        p = static_cast<int>((static_cast<std::int64_t>(k) * (n / 2)) % m);  // 2p = k (mod m)
+      }
+      if (p < 0) continue;
+      std::uint8_t* block = buf + rdispl_of(d, p) * elem;
+      const std::size_t bytes = rcount_of(d, p) * elem;
+      for (std::size_t at = 0; at < bytes; at += piece) {
+        const std::size_t b = std::min(piece, bytes - at);
+        std::memcpy(scratch_.data(), block + at, b);
+        CCLITE_TRY(exchange_with(p, scratch_.data(), b, block + at, b, elem, until));
+      }
+    }
+    return {};
+  }
+
+};
+
+}  // namespace cclite::detail
