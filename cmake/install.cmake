@@ -14,10 +14,12 @@
 #                                         consumer's machine once its dependency is found there
 #   P/bin/cclite-run                      when CCLITE_BUILD_TOOLS (tools/CMakeLists.txt)
 #
-# Transports with a third-party dependency (tcp: Asio) are not exported: the
-# export would pin this machine's paths and require the dependency at import
-# time. Their component file finds it on the consumer's side instead, so the
-# CCLITE_WITH_* options decide only what this tree builds and tests.
+# Transports with a third-party dependency (verbs: libibverbs; cuda, nccl) are
+# not exported: the export would pin this machine's paths and require the
+# dependency at import time. Their component file finds it on the consumer's
+# side instead, so the CCLITE_WITH_* options decide only what this tree builds
+# and tests. tcp (no dependency since the store left Asio) keeps its component
+# file too, which makes cclite::tcp wherever it is installed.
 
 option(CCLITE_INSTALL "Generate the install rules and the cclite package" ${PROJECT_IS_TOP_LEVEL})
 if(NOT CCLITE_INSTALL)

@@ -6,13 +6,13 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-# g++/cmake: build; libasio-dev: TCP store (standalone Asio); doctest-dev: tests;
+# g++/cmake: build; doctest-dev: tests;
 # libopenblas-dev: cclite::train's matrix products; zlib1g-dev + dataset-fashion-mnist:
 # the sample trainer (samples/train_fashion_mnist.cpp) and its test.
 # g++-aarch64-linux-gnu + qemu-user-static: the aarch64 cross build, run under
 # qemu-user (tests/embedded.cmake; the test is skipped without them).
 $SUDO apt-get install -y -qq --no-install-recommends \
-  g++ make cmake libasio-dev doctest-dev ca-certificates \
+  g++ make cmake doctest-dev ca-certificates \
   libopenblas-dev zlib1g-dev dataset-fashion-mnist \
   g++-aarch64-linux-gnu qemu-user-static >/dev/null
 # clang + its libFuzzer/sanitizer runtime: the fuzz tests (tests/fuzz/; skipped

@@ -8,10 +8,6 @@
 #                                     are there; nothing names the source tree
 #   consumer_find_package             tests/consumer/find_package against that prefix:
 #                                     find_package(cclite), cclite::cclite, run it
-#   consumer_find_package_no_asio     the same with Asio hidden: no cclite::tcp, the
-#                                     program still builds and runs (shm only)
-#   consumer_find_package_tcp_missing find_package(cclite REQUIRED COMPONENTS tcp) with
-#                                     Asio hidden fails at configure, naming libasio-dev
 #   consumer_add_subdirectory         tests/consumer/add_subdirectory: cclite built
 #                                     inside the consumer's tree, run it
 #
@@ -80,23 +76,11 @@ if(CCLITE_INSTALL)
   # Only this prefix: no system-wide or user-registry cclite may stand in for it.
   set(_cc_find
     "-DARGS=-DCMAKE_PREFIX_PATH=${_cc_prefix}|-DCONSUMER_EXPECT_DIR=${_cc_prefix}|-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF")
-  if(CCLITE_ASIO_INCLUDE_DIR)  # Asio is on this machine: the consumer must get cclite::tcp
-    string(APPEND _cc_find "|-DCONSUMER_EXPECT_TCP=ON")
-  endif()
+  # cclite::tcp has no dependency: every install must give it.
+  string(APPEND _cc_find "|-DCONSUMER_EXPECT_TCP=ON")
   _cclite_consumer_test(consumer_find_package find_package "${_cc_find}")
   set_tests_properties(consumer_find_package PROPERTIES FIXTURES_REQUIRED cclite_installed)
 
-  if(CCLITE_ASIO_INCLUDE_DIR)
-    # A machine without Asio, simulated by hiding its directory from find_path.
-    set(_cc_hide "|-DCMAKE_IGNORE_PATH=${CCLITE_ASIO_INCLUDE_DIR}")
-    _cclite_consumer_test(consumer_find_package_no_asio find_package
-      "${_cc_find}${_cc_hide}|-DCONSUMER_EXPECT_TCP=OFF")
-    _cclite_consumer_test(consumer_find_package_tcp_missing find_package
-      "${_cc_find}${_cc_hide}|-DCONSUMER_COMPONENTS=tcp"
-      "-DEXPECT_CONFIGURE_ERROR=tcp: cclite::tcp needs standalone Asio.*libasio-dev")
-    set_tests_properties(consumer_find_package_no_asio consumer_find_package_tcp_missing
-      PROPERTIES FIXTURES_REQUIRED cclite_installed)
-  endif()
 endif()
 
 # ---- add_subdirectory ------------------------------------------------------------

@@ -4,11 +4,11 @@
 # include/ and transports/*/include/), each including its header twice (the
 # second time checks #pragma once), compiled -std=c++17 -Wall -Wextra by:
 #   cclite_header_check_all       every header with cclite::cclite's usage
-#                                 requirements (all CCLITE_HAS_* macros, Asio)
+#                                 requirements (all CCLITE_HAS_* macros)
 #   cclite_header_check_<part>    every header once more, with -fno-exceptions
 #                                 -fno-rtti and only the usage requirements of its
 #                                 own part (cclite_core, cclite_shm, cclite_tcp): a
-#                                 core header that needs Asio, a shm header or a
+#                                 core header that needs a tcp or shm header or a
 #                                 CCLITE_HAS_* macro fails here
 #   cclite_header_check_train     cclite/train/ headers with cclite::train as well
 #                                 (its CBLAS path), when cmake/blas.cmake made it

@@ -1,7 +1,7 @@
 // A CCLITE_NO_THREADS build (config.hpp): blocking collectives run on the
 // caller's thread, *_async calls fail with errc::unsupported, and the process
 // never has a second thread, rank 0 hosting the TCP rendezvous store included
-// (its server is served from rank 0's own store calls). The macro is set for
+// (its server runs in a helper process it forks, tcp/rendezvous.hpp). The macro is set for
 // this whole executable (this TU and the doctest main, which includes no
 // cclite header), as a program must.
 #define CCLITE_NO_THREADS 1

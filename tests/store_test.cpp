@@ -17,9 +17,6 @@
 #include <thread>
 #include <vector>
 
-// Asio only to play a foreign server (the store itself does not use it).
-#include <asio.hpp>
-
 #include <cclite/bootstrap/file_store.hpp>
 #include <cclite/bootstrap/memory_store.hpp>
 #include <cclite/tcp/rendezvous.hpp>
@@ -444,19 +441,30 @@ TEST_CASE("tcp client: unreachable, lost and foreign servers") {
     CHECK(c->set("x", "y").code() == errc::peer_lost);  // reconnect fails too
   }
   SUBCASE("something else on the port") {
-    asio::io_context io;
-    asio::ip::tcp::acceptor acc(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    std::uint16_t port = acc.local_endpoint().port();
+    // A foreign server on loopback that answers like a web server would.
+    int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(lfd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(lfd, 1) == 0);
+    socklen_t alen = sizeof a;
+    REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen) == 0);
+    const std::uint16_t port = ntohs(a.sin_port);
     std::thread t([&] {
-      asio::error_code ec;
-      asio::ip::tcp::socket s(io);
-      acc.accept(s, ec);
+      pollfd pf{lfd, POLLIN, 0};
+      if (::poll(&pf, 1, 5000) != 1) return;  // the client never came: its CHECKs fail
+      const int s = ::accept(lfd, nullptr, nullptr);
+      if (s < 0) return;
       const char reply[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
-      asio::write(s, asio::buffer(reply, sizeof reply - 1), ec);
+      (void)::send(s, reply, sizeof reply - 1, MSG_NOSIGNAL);
       std::this_thread::sleep_for(milliseconds(200));
+      ::close(s);
     });
     auto c = tcp::store_client::connect("127.0.0.1", port, deadline::after(milliseconds(5000)));
     t.join();
+    ::close(lfd);
     REQUIRE_FALSE(c.ok());
     CHECK(c.error().code() == errc::protocol_error);
     CHECK(c.error().message().find("does not speak") != std::string::npos);
@@ -567,7 +575,10 @@ TEST_CASE("rendezvous: open_store") {
     CHECK(hosts(tcp::detail::bind_addresses_for("127.0.0.1", false, nic)) == v{"127.0.0.1"});
     auto lh = hosts(tcp::detail::bind_addresses_for("localhost", false, nic));
     REQUIRE(lh.size() == 1);
-    CHECK(asio::ip::make_address(lh[0]).is_loopback());
+    in_addr v4{};
+    in6_addr v6{};
+    CHECK((lh[0] == "::1" || (::inet_pton(AF_INET, lh[0].c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127) ||
+           (::inet_pton(AF_INET6, lh[0].c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6))));
     // TEST-NET is not ours: never every address, the chosen interface instead.
     CHECK(hosts(tcp::detail::bind_addresses_for("192.0.2.1", false, nic)) == v{"192.0.2.77"});
     auto none = tcp::detail::bind_addresses_for("192.0.2.1", false, no_nic);

@@ -6,7 +6,7 @@ set(CMAKE_CXX_COMPILER ${CCLITE_CROSS_TRIPLE}-g++)
 set(CMAKE_C_COMPILER ${CCLITE_CROSS_TRIPLE}-gcc)
 
 # Libraries come from the target's sysroot; headers and CMake packages may also
-# come from the build machine: Asio and doctest are header-only and the same
+# come from the build machine: doctest is header-only and the same
 # for every architecture (/usr/include, /usr/lib/cmake).
 set(CMAKE_FIND_ROOT_PATH /usr/${CCLITE_CROSS_TRIPLE})
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)

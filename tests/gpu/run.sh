@@ -108,7 +108,6 @@ have_doctest=0
 { [ -f /usr/include/doctest/doctest.h ] || [ -f /usr/local/include/doctest/doctest.h ]; } && have_doctest=1
 if command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}" != 1 ]; then
   tcp=ON
-  [ -f /usr/include/asio.hpp ] || [ -f /usr/local/include/asio.hpp ] || tcp=OFF
   say "cmake configure (tcp=$tcp, arch=$ARCH)"
   if cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
        -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCCLITE_WITH_TCP=$tcp -DCCLITE_BUILD_SAMPLES=ON \
@@ -134,7 +133,7 @@ if [ $built_with = none ]; then
        "$ROOT/tests/gpu/ipc_gpu.cu" -o "$BIN/ipc_gpu" >>"$LOG" 2>&1 &
   g++ -std=c++17 -O2 $INC -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_NCCL=1 "$ROOT/tests/gpu/nccl_gpu.cpp" \
       -L"$CUDA/lib64" -lnccl -lcudart -pthread -Wl,-rpath,"$CUDA/lib64" -o "$BIN/nccl_gpu" >>"$LOG" 2>&1
-  # shm only (the tcp transport needs Asio): default_communicator = communicator<shm::transport>.
+  # shm only: default_communicator = communicator<shm::transport>.
   g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 \
       "$ROOT/tests/gpu/staging_gpu.cpp" -L"$CUDA/lib64" -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
       -o "$BIN/staging_gpu" >>"$LOG" 2>&1

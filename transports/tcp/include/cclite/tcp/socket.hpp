@@ -1,7 +1,7 @@
 // cclite/tcp/socket.hpp - the POSIX socket pieces of the TCP data path.
 //
 // The data path uses plain non-blocking sockets driven by poll(), like NCCL's
-// socket transport, not Asio (which the TCP *store* uses). Reasons:
+// socket transport, not Asio (the TCP store does the same). Reasons:
 //   - cclite's progress model is the caller's: link::poll()/wait() move bytes
 //     when an algorithm asks, on the caller's thread. Asio's model is an
 //     executor running completion handlers; bridging the two costs a handler
