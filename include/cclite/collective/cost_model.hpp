@@ -107,15 +107,17 @@ class cost_model {
   }
 
   // shm-direct, for a message that fits one piece: two polled
-  // synchronisations of all ranks (together about 1.1 FIFO hand-offs: recursive
-  // doubling's single exchange stays ahead for tiny messages at 2 ranks, and
-  // shm-direct beats the ring's two hand-offs at 64 KiB, 11.3 vs 7.3 GB/s
-  // busbw in docs/performance.md's per-algorithm table), the input copied in,
-  // 1/n of it reduced and published, all of it copied out.
+  // synchronisations of all ranks (together about 1.1 FIFO hand-offs), then
+  // per rank: its input copied into its shared buffer, 1/n of every rank's
+  // buffer read and reduced, the whole result copied out: about (2 + 1/n)
+  // memcpy passes over `bytes`, where beta (a FIFO hand-off: copy in, copy
+  // out) is two. So at 2 ranks it costs more than the ring's single pass
+  // (bench/algorithms.sh, session 3: 64 KiB ring 9.5, shm-direct 6.3 GB/s
+  // busbw) and wins from 4 ranks, where the ring needs 2(n-1) hand-offs.
   // The selector offers it only up to one piece: beyond the caches the ring's
-  // single streaming pass wins (bench/algorithms.sh, docs/performance.md).
+  // single streaming pass wins (docs/performance.md).
   double direct_allreduce(int n, double bytes) const {
-    return 1.1 * shm_.alpha_us + (1.0 + 1.0 / n) * bytes * shm_.beta_us_per_byte / 2 + bytes * gamma_ / n;
+    return 1.1 * shm_.alpha_us + (2.0 + 1.0 / n) * bytes * shm_.beta_us_per_byte / 2 + bytes * gamma_ / n;
   }
 
   // ---- broadcast / reduce from one root -------------------------------------------
