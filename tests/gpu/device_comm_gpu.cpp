@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "processes.hpp"
 #include "reference.hpp"
 
 using namespace cclite;
@@ -202,51 +203,15 @@ int nccl_rank(const char* dir) {
 }
 #endif
 
-// Runs fn(dir, rank) in `size` forked processes; returns how many failed.
-template <class F>
-int in_processes(int size, F fn) {
-  char tmpl[] = "/tmp/cclite-devcomm-XXXXXX";
-  const char* dir = ::mkdtemp(tmpl);
-  if (!dir) return size;
-  std::fflush(stdout);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < size; ++r) {
-    pid_t p = ::fork();
-    if (p == 0) {
-      const int failed = fn(dir, r);
-      std::fflush(stdout);
-      ::_exit(failed ? 1 : 0);
-    }
-    pids.push_back(p);
-  }
-  int bad = 0;
-  for (pid_t p : pids) {
-    int st = 0;
-    ::waitpid(p, &st, 0);
-    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  std::string rm = std::string("rm -rf '") + dir + "'";
-  if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir);
-  return bad;
-}
-
 }  // namespace
 
 int main() {
-  // Probe in a child so the parent stays CUDA-free for fork() (runtime.hpp).
-  pid_t probe = ::fork();
-  if (probe == 0) ::_exit(cuda::available() ? 0 : 77);
-  int st = 0;
-  ::waitpid(probe, &st, 0);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    std::printf("SKIP device_comm_gpu: no CUDA device\n");
-    return 77;
-  }
+  if (!gpu_test::have_device_or_skip("device_comm_gpu")) return 77;
   const int size = 2;
-  int bad = in_processes(size, [&](const char* dir, int rank) { return native_rank(dir, rank, size); });
+  int bad = gpu_test::in_processes("devcomm", size, [&](const char* dir, int rank) { return native_rank(dir, rank, size); });
   std::printf("RESULT devcomm native_check_ranks %d %s\n", size, bad ? "FAIL" : "ok");
 #if defined(CCLITE_HAS_NCCL)
-  const int nbad = in_processes(1, [](const char* dir, int) { return nccl_rank(dir); });
+  const int nbad = gpu_test::in_processes("devcomm", 1, [](const char* dir, int) { return nccl_rank(dir); });
   std::printf("RESULT devcomm nccl_check_ranks 1 %s\n", nbad ? "FAIL" : "ok");
   bad += nbad;
 #endif

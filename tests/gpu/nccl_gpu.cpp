@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "processes.hpp"
 #include "reference.hpp"
 
 using namespace cclite;
@@ -148,28 +149,7 @@ int check_rank(const std::string& dir, int rank, int size) {
 }
 
 int run_check(int size) {
-  char tmpl[] = "/tmp/cclite-nccl-XXXXXX";
-  const char* dir = ::mkdtemp(tmpl);
-  if (!dir) return 1;
-  std::fflush(stdout);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < size; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      int failed = check_rank(dir, r, size);
-      std::fflush(stdout);
-      ::_exit(failed ? 1 : 0);
-    }
-    pids.push_back(pid);
-  }
-  int bad = 0;
-  for (pid_t p : pids) {
-    int st = 0;
-    ::waitpid(p, &st, 0);
-    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  std::string rm = std::string("rm -rf '") + dir + "'";
-  if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir);
+  const int bad = gpu_test::in_processes("nccl", size, [&](const char* dir, int r) { return check_rank(dir, r, size); });
   std::printf("RESULT nccl check_ranks %d %s\n", size, bad ? "FAIL" : "ok");
   return bad ? 1 : 0;
 }
@@ -215,15 +195,7 @@ int run_missing_rank() {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "check";
-  // Probe in a child so the parent stays CUDA-free for fork() (runtime.hpp).
-  pid_t probe = ::fork();
-  if (probe == 0) ::_exit(cuda::available() ? 0 : 77);
-  int st = 0;
-  ::waitpid(probe, &st, 0);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    std::printf("SKIP nccl_gpu: no CUDA device\n");
-    return 77;
-  }
+  if (!gpu_test::have_device_or_skip("nccl_gpu")) return 77;
   std::printf("nccl_gpu: NCCL %s\n", nccl::version_string().c_str());
   if (mode == "check") return run_check(argc > 2 ? std::atoi(argv[2]) : 1);
   if (mode == "perf") return run_perf(argc > 2 ? std::stoull(argv[2]) : (256u << 20));

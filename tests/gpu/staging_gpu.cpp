@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "processes.hpp"
 #include "reference.hpp"
 
 using namespace cclite;
@@ -84,36 +85,9 @@ int rank_main(const char* dir, int rank, int size) {
 }  // namespace
 
 int main() {
-  // Probe in a child so the parent stays CUDA-free for fork() (runtime.hpp).
-  pid_t probe = ::fork();
-  if (probe == 0) ::_exit(cuda::available() ? 0 : 77);
-  int st = 0;
-  ::waitpid(probe, &st, 0);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    std::printf("SKIP staging_gpu: no CUDA device\n");
-    return 77;
-  }
-  char tmpl[] = "/tmp/cclite-staging-XXXXXX";
-  const char* dir = ::mkdtemp(tmpl);
-  if (!dir) return 1;
-  std::fflush(stdout);
+  if (!gpu_test::have_device_or_skip("staging_gpu")) return 77;
   const int size = 2;
-  pid_t pids[size];
-  for (int r = 0; r < size; ++r) {
-    pids[r] = ::fork();
-    if (pids[r] == 0) {
-      int failed = rank_main(dir, r, size);
-      std::fflush(stdout);
-      ::_exit(failed ? 1 : 0);
-    }
-  }
-  int bad = 0;
-  for (pid_t p : pids) {
-    ::waitpid(p, &st, 0);
-    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
-  std::string rm = std::string("rm -rf '") + dir + "'";
-  if (std::system(rm.c_str()) != 0) std::fprintf(stderr, "could not remove %s\n", dir);
+  const int bad = gpu_test::in_processes("staging", size, [&](const char* dir, int r) { return rank_main(dir, r, size); });
   std::printf("RESULT staged check_ranks %d %s\n", size, bad ? "FAIL" : "ok");
   return bad ? 1 : 0;
 }
