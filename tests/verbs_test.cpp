@@ -7,9 +7,12 @@
 // must fall back to tcp. The RDMA data path itself runs only where a device
 // exists: tests/verbs/run.sh.
 #include <cclite/verbs/transport.hpp>
+#include <cclite/verbs/fork.hpp>
+#include <cclite/verbs/reg_cache.hpp>
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -479,6 +482,7 @@ TEST_CASE("verbs transport: publish without a device records why and refuses eve
   CHECK_FALSE(parsed->reason.empty());
   CHECK_FALSE(t.can_connect(peers[0], peers[1]));
   CHECK_FALSE(t.can_connect(peers[0], peers[0]));
+  CHECK(t.registrations() == nullptr);  // no device: no protection domain, no cache
   auto l = t.connect(1, deadline::after(milliseconds(100)));
   REQUIRE_FALSE(l.ok());
   CHECK(l.error().code() == errc::invalid_argument);
@@ -591,4 +595,432 @@ TEST_CASE("verbs hardware: small FIFO and several QPs force wraparound and credi
   // hundreds of times and every block boundary changes QP.
   run_job("verbs", {{"CCLITE_IB_BUFFSIZE", "64K"}, {"CCLITE_IB_BLOCK", "16K"}, {"CCLITE_IB_QPS_PER_CONNECTION", "3"},
                     {"CCLITE_IB_SPIN_US", "0"}});
+}
+
+TEST_CASE("verbs hardware: the transport's registration cache registers a user buffer with ibv_reg_mr") {
+  if (!have_rdma()) {
+    MESSAGE("no active RDMA port here: skipped");
+    return;
+  }
+  memory_store kv;
+  std::vector<peer_info> peers(2);
+  for (int r = 0; r < 2; ++r) peers[r] = local_peer_info(r);
+  std::atomic<bool> aborted{false};
+  transport_context ctx;
+  ctx.rank = 0;
+  ctx.size = 2;
+  ctx.peers = &peers;
+  ctx.kv = &kv;
+  ctx.aborted = &aborted;
+  ctx.job_tag = "t";
+  transport t(ctx);
+  REQUIRE(t.publish().ok());
+  REQUIRE(t.registrations() != nullptr);
+  std::vector<char> buf(3 << 20);
+  auto h = t.registrations()->find_or_register(buf.data() + 100, 1 << 20);
+  REQUIRE_MESSAGE(h.ok(), h.error().message());
+  CHECK(h->cached());
+  CHECK(h->registration().covers(reinterpret_cast<std::uintptr_t>(buf.data() + 100), 1 << 20));
+  auto again = t.registrations()->find_or_register(buf.data() + 4096, 1000);
+  REQUIRE(again.ok());
+  CHECK(again->lkey() == h->lkey());
+  CHECK(t.registrations()->stats().hits == 1);
+  h->release();
+  again->release();
+  CHECK(t.registrations()->invalidate(buf.data(), buf.size()) == 1);
+  CHECK(t.registrations()->stats().bytes_registered == 0);
+}
+
+// ---- registration cache for user buffers (fake registrar) ------------------------------
+
+namespace {
+
+// Records every reg / dereg; fails on demand. Addresses are plain numbers:
+// nothing is touched, so any value works.
+struct fake_log {
+  struct call {
+    bool reg;
+    std::uintptr_t base;
+    std::size_t length;
+  };
+  std::vector<call> calls;
+  std::vector<std::uintptr_t> live;  // bases registered now
+  std::uint32_t next_key = 100;
+  int fail_errno = 0;
+  std::size_t regs() const {
+    std::size_t n = 0;
+    for (const auto& c : calls) n += c.reg;
+    return n;
+  }
+  std::size_t deregs() const { return calls.size() - regs(); }
+  bool is_live(std::uintptr_t b) const { return std::find(live.begin(), live.end(), b) != live.end(); }
+};
+
+struct fake_registrar {
+  fake_log* log;
+  result<mem_registration> reg(std::uintptr_t base, std::size_t length) {
+    if (log->fail_errno) {
+      return make_error(errc::resource_exhausted, "fake ibv_reg_mr failed: %s (%s)", std::strerror(log->fail_errno),
+                        reg_failure_hint(log->fail_errno));
+    }
+    log->calls.push_back({true, base, length});
+    log->live.push_back(base);
+    mem_registration r;
+    r.base = base;
+    r.length = length;
+    r.lkey = log->next_key++;
+    r.rkey = r.lkey + 1000;
+    return r;
+  }
+  void dereg(const mem_registration& r) noexcept {
+    log->calls.push_back({false, r.base, r.length});
+    log->live.erase(std::find(log->live.begin(), log->live.end(), r.base));
+  }
+};
+
+using fake_cache = reg_cache<fake_registrar>;
+constexpr std::size_t pg = 4096;
+const void* at(std::uintptr_t a) { return reinterpret_cast<const void*>(a); }
+
+reg_cache_limits small_limits(std::size_t entries, std::size_t bytes, bool merge = true) {
+  reg_cache_limits l;
+  l.max_entries = entries;
+  l.max_bytes = bytes;
+  l.page_size = pg;
+  l.merge = merge;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("verbs reg_cache: miss registers page-aligned, then a contained range hits") {
+  fake_log log;
+  fake_cache c(fake_registrar{&log}, small_limits(8, 1 << 20));
+  {
+    auto h = c.find_or_register(at(0x10010), 100);  // inside one page
+    REQUIRE(h.ok());
+    CHECK(h->cached());
+    CHECK(h->base() == 0x10000);
+    CHECK(h->length() == pg);
+    CHECK(h->lkey() == 100);
+    CHECK(h->rkey() == 1100);
+  }
+  {
+    auto h = c.find_or_register(at(0x10ff0), 0x20);  // crosses into the next page
+    REQUIRE(h.ok());
+    CHECK(h->base() == 0x10000);   // merged with the touching entry
+    CHECK(h->length() == 2 * pg);
+  }
+  CHECK(log.regs() == 2);
+  CHECK(log.deregs() == 1);  // the one-page entry was swallowed
+  auto h = c.find_or_register(at(0x10800), 0x1000);  // contained: a hit
+  REQUIRE(h.ok());
+  CHECK(h->base() == 0x10000);
+  CHECK(log.regs() == 2);
+  auto st = c.stats();
+  CHECK(st.hits == 1);
+  CHECK(st.misses == 2);
+  CHECK(st.merged == 1);
+  CHECK(st.entries == 1);
+  CHECK(st.bytes_registered == 2 * pg);
+}
+
+TEST_CASE("verbs reg_cache: page rounding of start and end") {
+  fake_log log;
+  fake_cache c(fake_registrar{&log}, small_limits(8, 1 << 20, false));
+  auto h = c.find_or_register(at(0x20fff), 2);  // last byte of one page, first of the next
+  REQUIRE(h.ok());
+  CHECK(h->base() == 0x20000);
+  CHECK(h->length() == 2 * pg);
+  auto h2 = c.find_or_register(at(0x30000), pg);  // aligned: exactly one page
+  REQUIRE(h2.ok());
+  CHECK(h2->base() == 0x30000);
+  CHECK(h2->length() == pg);
+  CHECK(c.page_size() == pg);
+  CHECK(system_page_size() >= 4096);
+  CHECK((system_page_size() & (system_page_size() - 1)) == 0);
+  auto bad = c.find_or_register(at(0x1000), 0);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code() == errc::invalid_argument);
+  auto wrap = c.find_or_register(at(UINTPTR_MAX - 10), 100);
+  REQUIRE_FALSE(wrap.ok());
+  CHECK(wrap.error().code() == errc::invalid_argument);
+}
+
+TEST_CASE("verbs reg_cache: without merging, an overlapping request replaces the entries it overlaps") {
+  fake_log log;
+  fake_cache c(fake_registrar{&log}, small_limits(8, 1 << 20, false));
+  { auto h = c.find_or_register(at(0x10000), pg); REQUIRE(h.ok()); }
+  { auto h = c.find_or_register(at(0x11000), pg); REQUIRE(h.ok()); }  // adjacent: kept apart
+  CHECK(c.stats().entries == 2);
+  auto h = c.find_or_register(at(0x10800), pg);  // overlaps both
+  REQUIRE(h.ok());
+  CHECK(h->base() == 0x10000);
+  CHECK(h->length() == 2 * pg);
+  CHECK(c.stats().entries == 1);
+  CHECK(c.stats().merged == 2);
+  CHECK(log.live.size() == 1);
+}
+
+TEST_CASE("verbs reg_cache: merging over a held entry keeps it registered until released") {
+  fake_log log;
+  fake_cache c(fake_registrar{&log}, small_limits(8, 1 << 20));
+  auto a = c.find_or_register(at(0x10000), pg);
+  REQUIRE(a.ok());
+  auto b = c.find_or_register(at(0x10800), pg);  // pages 0x10000..0x12000: a no longer covers it
+  REQUIRE(b.ok());
+  CHECK(b->base() == 0x10000);
+  CHECK(b->length() == 2 * pg);
+  CHECK(log.live.size() == 2);  // a's registration is still in use
+  CHECK(c.stats().entries == 1);
+  CHECK(c.stats().bytes_registered == 3 * pg);
+  a->release();
+  CHECK(log.live.size() == 1);
+  CHECK(c.stats().bytes_registered == 2 * pg);
+  CHECK(c.stats().merged == 1);
+  // A union larger than the byte limit is not merged: just the requested pages.
+  fake_cache d(fake_registrar{&log}, small_limits(8, 3 * pg));
+  { auto h = d.find_or_register(at(0x40000), 2 * pg); REQUIRE(h.ok()); }
+  auto e = d.find_or_register(at(0x42000), 2 * pg);  // adjacent; union of 4 pages > 3
+  REQUIRE(e.ok());
+  CHECK(e->cached());
+  CHECK(e->base() == 0x42000);
+  CHECK(e->length() == 2 * pg);
+  CHECK(d.stats().evictions == 1);  // the 0x40000 entry made room
+}
+
+TEST_CASE("verbs reg_cache: LRU eviction when the entry or byte limit is reached") {
+  fake_log log;
+  SUBCASE("entries") {
+    fake_cache c(fake_registrar{&log}, small_limits(2, 1 << 20, false));
+    { auto h = c.find_or_register(at(0x10000), 10); REQUIRE(h.ok()); }  // A
+    { auto h = c.find_or_register(at(0x20000), 10); REQUIRE(h.ok()); }  // B
+    { auto h = c.find_or_register(at(0x10000), 10); REQUIRE(h.ok()); }  // A again: B is now LRU
+    { auto h = c.find_or_register(at(0x30000), 10); REQUIRE(h.ok()); }  // C evicts B
+    CHECK(log.is_live(0x10000));
+    CHECK_FALSE(log.is_live(0x20000));
+    CHECK(log.is_live(0x30000));
+    CHECK(c.stats().evictions == 1);
+    { auto h = c.find_or_register(at(0x40000), 10); REQUIRE(h.ok()); }  // D evicts A
+    CHECK_FALSE(log.is_live(0x10000));
+    CHECK(c.stats().evictions == 2);
+    CHECK(c.stats().entries == 2);
+  }
+  SUBCASE("bytes") {
+    fake_cache c(fake_registrar{&log}, small_limits(16, 4 * pg, false));
+    { auto h = c.find_or_register(at(0x10000), 2 * pg); REQUIRE(h.ok()); }
+    { auto h = c.find_or_register(at(0x20000), pg); REQUIRE(h.ok()); }
+    { auto h = c.find_or_register(at(0x30000), pg); REQUIRE(h.ok()); }
+    CHECK(c.stats().bytes_registered == 4 * pg);
+    { auto h = c.find_or_register(at(0x40000), 2 * pg); REQUIRE(h.ok()); }  // evicts the 2-page LRU
+    CHECK_FALSE(log.is_live(0x10000));
+    CHECK(c.stats().bytes_registered == 4 * pg);
+    { auto h = c.find_or_register(at(0x50000), 2 * pg); REQUIRE(h.ok()); }  // evicts 0x20000 and 0x30000
+    CHECK_FALSE(log.is_live(0x20000));
+    CHECK_FALSE(log.is_live(0x30000));
+    CHECK(c.stats().evictions == 3);
+    CHECK(c.stats().peak_bytes == 4 * pg);
+  }
+}
+
+TEST_CASE("verbs reg_cache: held entries are never evicted; when all are held the request is uncached") {
+  fake_log log;
+  fake_cache c(fake_registrar{&log}, small_limits(2, 1 << 20, false));
+  auto a = c.find_or_register(at(0x10000), 10);
+  auto b = c.find_or_register(at(0x20000), 10);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  {
+    auto x = c.find_or_register(at(0x30000), 10);  // both held: registered for this use only
+    REQUIRE(x.ok());
+    CHECK_FALSE(x->cached());
+    CHECK(x->base() == 0x30000);
+    CHECK(log.is_live(0x30000));
+    CHECK(c.stats().evictions == 0);
+    CHECK(c.stats().entries == 2);
+  }
+  CHECK_FALSE(log.is_live(0x30000));  // released: deregistered at once
+  CHECK(c.stats().uncached == 1);
+  a->release();
+  a->release();  // idempotent
+  auto y = c.find_or_register(at(0x40000), 10);  // now a is free to evict, b is still held
+  REQUIRE(y.ok());
+  CHECK(y->cached());
+  CHECK_FALSE(log.is_live(0x10000));
+  CHECK(log.is_live(0x20000));
+  // A request larger than the byte limit is never cached.
+  fake_cache small(fake_registrar{&log}, small_limits(4, 2 * pg));
+  auto big = small.find_or_register(at(0x100000), 3 * pg);
+  REQUIRE(big.ok());
+  CHECK_FALSE(big->cached());
+  // Handles move; the moved-from one releases nothing.
+  auto moved = std::move(b.value());
+  CHECK(moved);
+  CHECK(moved.base() == 0x20000);
+}
+
+TEST_CASE("verbs reg_cache: invalidate drops and deregisters overlapping entries") {
+  fake_log log;
+  fake_cache c(fake_registrar{&log}, small_limits(8, 1 << 20, false));
+  { auto h = c.find_or_register(at(0x10000), pg); REQUIRE(h.ok()); }
+  { auto h = c.find_or_register(at(0x20000), pg); REQUIRE(h.ok()); }
+  { auto h = c.find_or_register(at(0x30000), pg); REQUIRE(h.ok()); }
+  auto held = c.find_or_register(at(0x30000), 8);
+  REQUIRE(held.ok());
+  CHECK(c.invalidate(at(0x10fff), 2 + 0x10000) == 2);  // ends of the 0x10000 and 0x20000 entries
+  CHECK_FALSE(log.is_live(0x10000));
+  CHECK_FALSE(log.is_live(0x20000));
+  CHECK(c.invalidate(at(0x40000), pg) == 0);
+  CHECK(c.invalidate(at(0x30100), 1) == 1);  // held: out of the lookup, registered until released
+  CHECK(log.is_live(0x30000));
+  CHECK(c.stats().entries == 0);
+  held->release();
+  CHECK_FALSE(log.is_live(0x30000));
+  CHECK(c.stats().invalidated == 3);
+  CHECK(c.stats().bytes_registered == 0);
+  // The same addresses register afresh afterwards (new keys).
+  auto again = c.find_or_register(at(0x10000), pg);
+  REQUIRE(again.ok());
+  CHECK(c.stats().hits == 1);  // only `held` hit
+  CHECK(log.is_live(0x10000));
+}
+
+TEST_CASE("verbs reg_cache: max 0 registers and deregisters per use") {
+  fake_log log;
+  fake_cache c(fake_registrar{&log}, small_limits(8, 0));
+  CHECK_FALSE(c.limits().enabled());
+  for (int i = 0; i < 3; ++i) {
+    auto h = c.find_or_register(at(0x10010), 100);
+    REQUIRE(h.ok());
+    CHECK_FALSE(h->cached());
+    CHECK(h->base() == 0x10000);
+    CHECK(log.live.size() == 1);
+  }
+  CHECK(log.regs() == 3);
+  CHECK(log.deregs() == 3);
+  CHECK(log.live.empty());
+  CHECK(c.stats().hits == 0);
+  CHECK(c.stats().misses == 3);
+  CHECK(c.stats().uncached == 3);
+  CHECK(c.invalidate(at(0x10000), pg) == 0);
+}
+
+TEST_CASE("verbs reg_cache: a registrar failure names the range and the limit") {
+  fake_log log;
+  fake_cache c(fake_registrar{&log}, small_limits(8, 1 << 20));
+  log.fail_errno = ENOMEM;
+  auto h = c.find_or_register(at(0x10010), 100);
+  REQUIRE_FALSE(h.ok());
+  CHECK(h.error().code() == errc::resource_exhausted);
+  const std::string& m = h.error().message();
+  MESSAGE(m);
+  CHECK(m.find("0x10010") != std::string::npos);
+  CHECK(m.find("0x10074") != std::string::npos);
+  CHECK(m.find("ulimit -l") != std::string::npos);
+  CHECK(m.find(std::strerror(ENOMEM)) != std::string::npos);
+  CHECK(c.stats().entries == 0);
+  CHECK(c.stats().bytes_registered == 0);
+  log.fail_errno = 0;
+  CHECK(c.find_or_register(at(0x10010), 100).ok());
+  CHECK(std::string(reg_failure_hint(EFAULT)).find("invalidate") != std::string::npos);
+}
+
+TEST_CASE("verbs reg_cache: CCLITE_IB_REG_CACHE_MAX_MB") {
+  {
+    scoped_env a("CCLITE_IB_REG_CACHE_MAX_MB", nullptr);
+    auto l = reg_cache_limits::from_env();
+    REQUIRE(l.ok());
+    CHECK(l->max_bytes == std::size_t(1024) << 20);
+    CHECK(l->enabled());
+  }
+  {
+    scoped_env a("CCLITE_IB_REG_CACHE_MAX_MB", "64");
+    auto l = reg_cache_limits::from_env();
+    REQUIRE(l.ok());
+    CHECK(l->max_bytes == std::size_t(64) << 20);
+    auto cfg = ib_config::from_env();
+    REQUIRE(cfg.ok());
+    CHECK(cfg->reg_cache_max_mb == 64);
+    CHECK(reg_cache_limits::from_config(cfg.value()).max_bytes == std::size_t(64) << 20);
+  }
+  {
+    scoped_env a("CCLITE_IB_REG_CACHE_MAX_MB", "0");
+    auto l = reg_cache_limits::from_env();
+    REQUIRE(l.ok());
+    CHECK_FALSE(l->enabled());
+  }
+  for (const char* bad : {"abc", "-1", "1G", "12x", "2000000"}) {
+    CAPTURE(bad);
+    scoped_env a("CCLITE_IB_REG_CACHE_MAX_MB", bad);
+    auto l = reg_cache_limits::from_env();
+    REQUIRE_FALSE(l.ok());
+    CHECK(l.error().code() == errc::invalid_argument);
+    CHECK(l.error().message().find("CCLITE_IB_REG_CACHE_MAX_MB") != std::string::npos);
+    auto cfg = ib_config::from_env();
+    REQUIRE_FALSE(cfg.ok());
+    CHECK(cfg.error().message().find("CCLITE_IB_REG_CACHE_MAX_MB") != std::string::npos);
+  }
+}
+
+// ---- ibv_fork_init ------------------------------------------------------------------------
+
+namespace {
+int fork_init_calls = 0;
+int fake_fork_init_ok() { return ++fork_init_calls, 0; }
+int fake_fork_init_einval() { return ++fork_init_calls, EINVAL; }
+}  // namespace
+
+TEST_CASE("verbs fork: ibv_fork_init runs once, is skipped with CCLITE_IB_FORK_SAFE=0, warns on failure") {
+  fork_init_calls = 0;
+  {
+    fork_initializer f(&fake_fork_init_ok);
+    CHECK_FALSE(f.ensure(false).called);  // skipped, and the one call is not used up
+    CHECK(fork_init_calls == 0);
+    const auto& o = f.ensure(true);
+    CHECK(o.called);
+    CHECK(o.rc == 0);
+    CHECK(o.warning.empty());
+    f.ensure(true);
+    f.ensure(true);
+    CHECK(fork_init_calls == 1);
+  }
+  {
+    fork_initializer f(&fake_fork_init_einval);
+    const auto& o = f.ensure(true);
+    CHECK(o.rc == EINVAL);
+    CHECK(o.warning.find("registered before") != std::string::npos);
+    CHECK(o.warning.find("RDMAV_FORK_SAFE") != std::string::npos);
+    f.ensure(true);
+    CHECK(fork_init_calls == 2);
+  }
+  {
+    scoped_env a("CCLITE_IB_FORK_SAFE", nullptr);
+    auto cfg = ib_config::from_env();
+    REQUIRE(cfg.ok());
+    CHECK(cfg->fork_safe);
+  }
+  {
+    scoped_env a("CCLITE_IB_FORK_SAFE", "0");
+    auto cfg = ib_config::from_env();
+    REQUIRE(cfg.ok());
+    CHECK_FALSE(cfg->fork_safe);
+  }
+  {
+    scoped_env a("CCLITE_IB_FORK_SAFE", "maybe");
+    auto cfg = ib_config::from_env();
+    REQUIRE_FALSE(cfg.ok());
+    CHECK(cfg.error().message().find("CCLITE_IB_FORK_SAFE") != std::string::npos);
+  }
+}
+
+TEST_CASE("verbs fork: the real ibv_fork_init is harmless without devices") {
+  // Where nothing is registered yet it returns 0 (rdma-core: a no-op on kernels
+  // with copy-on-fork for pinned pages). Other tests in this binary may have
+  // registered nothing: there is no device here.
+  fork_initializer f;
+  const auto& o = f.ensure(true);
+  CHECK(o.called);
+  if (o.rc != 0) MESSAGE("ibv_fork_init returned " << o.rc << ": " << o.warning);
+  CHECK(f.ensure(true).rc == o.rc);
+  CHECK(&ensure_fork_init(true) == &ensure_fork_init(true));
 }

@@ -17,12 +17,19 @@
 //                         RDMA write, multiple of 4096 (default 512K)
 //   IB_SPIN_US            cclite only: microseconds wait() polls the CQ before
 //                         sleeping on the completion channel (default 20)
+//   IB_REG_CACHE_MAX_MB   cclite only: MiB of user buffers the registration cache
+//                         keeps registered (reg_cache.hpp), 0..1048576 (default
+//                         1024); 0 turns caching off (register per use)
+//   IB_FORK_SAFE          cclite only: 1 (default) calls ibv_fork_init() once
+//                         before the first registration (fork.hpp); 0 skips it
 //
 // Pure parsing: no verbs call, no allocation beyond the strings.
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <cclite/core/env.hpp>
@@ -45,6 +52,36 @@ struct ib_config {
   std::size_t buffsize = 4u << 20;
   std::size_t block = 512u << 10;
   int spin_us = 20;
+  std::size_t reg_cache_max_mb = 1024;  ///< 0: registration cache off
+  bool fork_safe = true;                ///< call ibv_fork_init() before registering
+
+  /// Largest CCLITE_IB_REG_CACHE_MAX_MB (1 TiB).
+  static constexpr std::int64_t reg_cache_max_mb_limit = std::int64_t(1) << 20;
+
+  /// CCLITE_IB_REG_CACHE_MAX_MB: a plain decimal count of MiB (no K/M/G suffix:
+  /// "1G" MiB would be ambiguous), 0..1048576, default 1024. Errors:
+  /// invalid_argument naming the variable and its value.
+  static result<std::size_t> reg_cache_max_mb_from_env() {
+    const char* v = env::raw("IB_REG_CACHE_MAX_MB", false);
+    if (!v || !*v) return std::size_t(1024);
+    errno = 0;
+    char* end = nullptr;
+    long long x = std::strtoll(v, &end, 10);
+    if (errno != 0 || end == v || *end != '\0') {
+      return make_error(errc::invalid_argument,
+                        "CCLITE_IB_REG_CACHE_MAX_MB='%s' is not a whole number of MiB (e.g. 1024; 0 turns the "
+                        "registration cache off)", v);
+    }
+    if (x < 0 || x > reg_cache_max_mb_limit) {
+      return make_error(errc::invalid_argument, "CCLITE_IB_REG_CACHE_MAX_MB=%lld is out of range (0..%lld MiB)", x,
+                        (long long)reg_cache_max_mb_limit);
+    }
+    return static_cast<std::size_t>(x);
+  }
+
+  /// CCLITE_IB_FORK_SAFE (no NCCL fallback), default true. Errors:
+  /// invalid_argument (not a boolean).
+  static result<bool> fork_safe_from_env() { return env::get_bool("IB_FORK_SAFE", true, false); }
 
   /// Whether CCLITE_IB_DISABLE / NCCL_IB_DISABLE turns the transport off.
   /// Errors: invalid_argument (not a boolean).
@@ -76,6 +113,12 @@ struct ib_config {
     c.block = static_cast<std::size_t>(v);
     CCLITE_TRY(read("IB_SPIN_US", 20, 0, 1000000, false, v));
     c.spin_us = static_cast<int>(v);
+    auto mb = reg_cache_max_mb_from_env();
+    if (!mb) return mb.error();
+    c.reg_cache_max_mb = mb.value();
+    auto fs = fork_safe_from_env();
+    if (!fs) return fs.error();
+    c.fork_safe = fs.value();
     return c;
   }
 

@@ -18,8 +18,17 @@
 //                    the peer's, move the QPs to RTR and RTS, then exchange
 //                    "ready" so neither side writes before the other's QPs
 //                    can receive.
+//   registrations()  the registration cache for user buffers (reg_cache.hpp)
+//                    on this rank's protection domain, for zero-copy paths;
+//                    the data path does not use it yet (it copies through the
+//                    registered rings).
 //
-// Environment: config.hpp. Memory: 2 x CCLITE_IB_BUFFSIZE registered per peer.
+// Before opening the device, publish() calls ibv_fork_init() once per process
+// (fork.hpp; CCLITE_IB_FORK_SAFE=0 skips it, a failure is a WARN line). With
+// no usable port it calls neither.
+//
+// Environment: config.hpp. Memory: 2 x CCLITE_IB_BUFFSIZE registered per peer,
+// plus at most CCLITE_IB_REG_CACHE_MAX_MB of user buffers held by the cache.
 // Thread safety: one thread at a time per transport and per link.
 #pragma once
 
@@ -36,9 +45,11 @@
 #include <cclite/transport/concept.hpp>
 #include <cclite/verbs/config.hpp>
 #include <cclite/verbs/device.hpp>
+#include <cclite/verbs/fork.hpp>
 #include <cclite/verbs/hca.hpp>
 #include <cclite/verbs/link.hpp>
 #include <cclite/verbs/qp_attr.hpp>
+#include <cclite/verbs/reg_cache.hpp>
 
 namespace cclite::verbs {
 
@@ -46,6 +57,7 @@ namespace cclite::verbs {
 class transport {
  public:
   using link_type = verbs::link;
+  using user_reg_cache = reg_cache<ibv_registrar>;
   static constexpr const char* name = "verbs";
 
   /// False when CCLITE_IB_DISABLE=1 (or NCCL_IB_DISABLE=1). Errors:
@@ -78,11 +90,17 @@ class transport {
       self_.reason = found->reason;
     } else {
       const port_info& p = found->ports[static_cast<std::size_t>(at)];
+      // Before anything is registered (libibverbs requires it), once per process.
+      const fork_init_outcome& forked = ensure_fork_init(cfg_.fork_safe);
+      if (!forked.warning.empty()) CCLITE_WARN(log(), "%s", forked.warning.c_str());
+      reg_cache_.reset();
       auto dev = device::open(p);
       if (!dev) {
         self_.reason = dev.error().message();
       } else {
         dev_ = std::move(dev.value());
+        reg_cache_ = std::make_unique<user_reg_cache>(ibv_registrar(dev_->pd()),
+                                                      reg_cache_limits::from_config(cfg_));
         self_.usable = true;
         self_.device = p.device;
         self_.port = p.port;
@@ -168,6 +186,10 @@ class transport {
   /// This rank's published record (tests, logs). Valid after publish().
   const fabric_record& self_record() const noexcept { return self_; }
   const ib_config& config() const noexcept { return cfg_; }
+  /// The registration cache for user buffers on this rank's protection
+  /// domain; nullptr without a usable port (before publish(), or no device).
+  /// Nothing in the data path uses it yet.
+  user_reg_cache* registrations() noexcept { return reg_cache_.get(); }
 
  private:
   static std::string key(int rank) { return "verbs/" + std::to_string(rank); }
@@ -207,6 +229,7 @@ class transport {
   fabric_record self_;
   bool published_ = false;
   std::shared_ptr<device> dev_;
+  std::unique_ptr<user_reg_cache> reg_cache_;  // after dev_: destroyed first, while the PD lives
   mutable std::vector<signed char> verdict_;  // per peer: -1 unknown, 0 no, 1 yes
 };
 
