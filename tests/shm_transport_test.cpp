@@ -213,6 +213,23 @@ TEST_CASE("shm: options from CCLITE_SHM_BUFFSIZE and CCLITE_SHM_SPIN_US") {
     scoped_env e("CCLITE_SHM_BUFFSIZE", "100001");
     CHECK(cclite::shm::options::from_env().value().buffer_bytes == 102400);
   }
+  {  // the generic per-peer size (NCCL_BUFFSIZE's meaning) when the shm one is unset
+    scoped_env e("CCLITE_BUFFSIZE", "256K");
+    CHECK(cclite::shm::options::from_env().value().buffer_bytes == (256u << 10));
+    scoped_env f("CCLITE_SHM_BUFFSIZE", "128K");  // the transport's own wins
+    CHECK(cclite::shm::options::from_env().value().buffer_bytes == (128u << 10));
+  }
+  {
+    scoped_env e("NCCL_BUFFSIZE", "1M");
+    CHECK(cclite::shm::options::from_env().value().buffer_bytes == (1u << 20));
+  }
+  {
+    scoped_env e("CCLITE_BUFFSIZE", "2G");  // out of range: the error names where it came from
+    auto o = cclite::shm::options::from_env();
+    REQUIRE_FALSE(o.ok());
+    CHECK(o.error().code() == errc::invalid_argument);
+    CHECK(o.error().message().find("CCLITE_BUFFSIZE") != std::string::npos);
+  }
   {
     scoped_env e("CCLITE_SHM_SPIN_US", "0");
     CHECK(cclite::shm::options::from_env().value().wait.spin.count() == 0);

@@ -300,6 +300,12 @@ TEST_CASE("tcp: settings from the environment") {
   expect_bad("CCLITE_NSOCKS", "two", "not an integer");
   expect_bad("CCLITE_TCP_BUFFSIZE", "5000", "multiple of 4096");
   expect_bad("CCLITE_TCP_BLOCK", "1000", "CCLITE_TCP_BLOCK");
+  expect_bad("CCLITE_BUFFSIZE", "5000", "CCLITE_BUFFSIZE=5000");  // the generic size, named
+  ::setenv("NCCL_BUFFSIZE", "2M", 1);  // NCCL's per-peer buffer size applies when ours are unset
+  c = tcp::transport_config::from_env();
+  ::unsetenv("NCCL_BUFFSIZE");
+  REQUIRE(c.ok());
+  CHECK(c->buffsize == (2u << 20));
   ::setenv("CCLITE_NSOCKS", "4", 1);
   ::setenv("CCLITE_TCP_BUFFSIZE", "1M", 1);
   c = tcp::transport_config::from_env();

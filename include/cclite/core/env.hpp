@@ -63,6 +63,23 @@ inline result<std::int64_t> get_int(const char* name, std::int64_t def, bool ncc
   return static_cast<std::int64_t>(x);
 }
 
+/// Per-peer staging bytes of one transport: CCLITE_<specific> (SHM_BUFFSIZE,
+/// TCP_BUFFSIZE) when set, else the generic CCLITE_BUFFSIZE (or NCCL_BUFFSIZE,
+/// NCCL's per-peer buffer), else `def`. `from` gets the variable the value came
+/// from ("" for the default), so a range error can name it.
+inline result<std::int64_t> get_buffsize(const char* specific, std::int64_t def, std::string* from = nullptr) {
+  if (from) from->clear();
+  if (const char* v = raw(specific, false); v && *v) {
+    if (from) *from = std::string("CCLITE_") + specific;
+    return get_int(specific, def, false);
+  }
+  if (const char* v = raw("BUFFSIZE", true); v && *v) {
+    if (from) *from = std::getenv("CCLITE_BUFFSIZE") ? "CCLITE_BUFFSIZE" : "NCCL_BUFFSIZE";
+    return get_int("BUFFSIZE", def, true);
+  }
+  return def;
+}
+
 /// Boolean: 1/0, true/false, yes/no, on/off (case-insensitive), or `def`.
 inline result<bool> get_bool(const char* name, bool def, bool nccl_fallback = true) {
   const char* v = raw(name, nccl_fallback);

@@ -23,7 +23,8 @@
 //
 // Environment:
 //   CCLITE_SHM_DISABLE=1 (or NCCL_SHM_DISABLE=1)  enabled() is false
-//   CCLITE_SHM_BUFFSIZE   bytes per FIFO direction (default 4M; multiple of 4096, >= 64K)
+//   CCLITE_SHM_BUFFSIZE   bytes per FIFO direction (default 4M; multiple of 4096, >= 64K);
+//                         unset: CCLITE_BUFFSIZE / NCCL_BUFFSIZE (env::get_buffsize)
 //   CCLITE_SHM_SPIN_US    microseconds wait() busy-polls before yielding/sleeping (default 10)
 #pragma once
 
@@ -55,10 +56,14 @@ struct options {
 
   static result<options> from_env() {
     options o;
-    auto b = env::get_int("SHM_BUFFSIZE", static_cast<std::int64_t>(fifo_default_capacity), false);
+    std::string from;
+    auto b = env::get_buffsize("SHM_BUFFSIZE", static_cast<std::int64_t>(fifo_default_capacity), &from);
     if (!b) return b.error();
     auto cap = fifo_capacity(b.value());
-    if (!cap) return cap.error();
+    if (!cap) {
+      if (from.empty() || from == "CCLITE_SHM_BUFFSIZE") return cap.error();
+      return status(cap.error().code(), "value from " + from + " (CCLITE_SHM_BUFFSIZE unset): " + cap.error().message());
+    }
     o.buffer_bytes = cap.value();
     auto spin = env::get_int(
         "SHM_SPIN_US", std::chrono::duration_cast<std::chrono::microseconds>(o.wait.spin).count(),

@@ -18,7 +18,8 @@
 //   CCLITE_SOCKET_FAMILY / NCCL_SOCKET_FAMILY   AF_INET or AF_INET6
 //   CCLITE_NSOCKS        sockets per peer pair, 1..16 (default 2)
 //   CCLITE_TCP_BUFFSIZE  bytes of each staging ring (send, recv) per peer,
-//                        multiple of 4096 (default 4M)
+//                        multiple of 4096 (default 4M); unset: CCLITE_BUFFSIZE
+//                        / NCCL_BUFFSIZE (env::get_buffsize)
 //   CCLITE_TCP_BLOCK     striping block, multiple of 4096 (default 128K)
 //   CCLITE_TCP_SOCKBUF   SO_SNDBUF/SO_RCVBUF; 0 = kernel autotuning (default 0)
 //   CCLITE_TCP_SPIN_US   microseconds a waiting link polls before it sleeps,
@@ -81,12 +82,12 @@ struct transport_config {
                         (long long)ns.value(), max_nsocks);
     }
     c.nsocks = static_cast<int>(ns.value());
-    auto bs = env::get_int("TCP_BUFFSIZE", 4 << 20, false);
+    std::string from;
+    auto bs = env::get_buffsize("TCP_BUFFSIZE", 4 << 20, &from);
     if (!bs) return bs.error();
     if (bs.value() < 4096 || bs.value() % 4096 != 0 || bs.value() > (std::int64_t(1) << 32)) {
-      return make_error(errc::invalid_argument,
-                        "CCLITE_TCP_BUFFSIZE=%lld must be a multiple of 4096 between 4K and 4G",
-                        (long long)bs.value());
+      return make_error(errc::invalid_argument, "%s=%lld must be a multiple of 4096 between 4K and 4G (TCP staging ring)",
+                        from.c_str(), (long long)bs.value());
     }
     c.buffsize = static_cast<std::size_t>(bs.value());
     auto bl = env::get_int("TCP_BLOCK", 128 << 10, false);
