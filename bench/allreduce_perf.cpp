@@ -5,7 +5,8 @@
 // Flags (as nccl-tests): -b min bytes, -e max bytes, -f size factor, -n iterations,
 // -w warmup iterations, -c check (1 = count wrong elements, default 1),
 // -d dtype (int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double),
-// -o op (sum prod min max avg), -J file (append one JSON object per size).
+// -o op (sum prod min max avg), -J file (append one JSON object per size);
+// cclite only: -a ALGO forces the algorithm (ring tree rd rhd hier direct).
 // Columns: size (B), count, type, redop, then out-of-place and in-place
 // time (us), algbw (GB/s), busbw (GB/s), #wrong. busbw = algbw * 2(n-1)/n,
 // comparable to one link's bandwidth (nccl-tests doc/PERFORMANCE.md).
@@ -27,9 +28,12 @@ using namespace cclite;
 
 
 int main(int argc, char** argv) {
+  // -a ALGO forces the allreduce algorithm (CCLITE_ALGO=allreduce:ALGO).
+  const std::string algo = bench::take_flag(argc, argv, "-a");
+  if (!algo.empty()) ::setenv("CCLITE_ALGO", ("allreduce:" + algo).c_str(), 1);
   auto args = bench::parse_perf_args(argc, argv, "allreduce_perf");
   if (!args) {
-    std::fprintf(stderr, "%s\n", args.error().message().c_str());
+    std::fprintf(stderr, "%s [-a ring|tree|rd|rhd|hier|direct]\n", args.error().message().c_str());
     return 2;
   }
   const bench::perf_args a = args.value();

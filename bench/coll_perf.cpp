@@ -28,19 +28,6 @@ collective_kind kind = collective_kind::allgather;
 
 namespace {
 
-// Pulls -a ALGO and -r ROOT out of argv (the shared parser knows neither).
-std::string take_flag(int& argc, char** argv, const char* flag) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::string(argv[i]) == flag) {
-      std::string v = argv[i + 1];
-      for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
-      argc -= 2;
-      return v;
-    }
-  }
-  return "";
-}
-
 struct shape {
   std::size_t count;       // elements per call argument
   std::size_t send_elems;  // this rank's send buffer
@@ -84,7 +71,7 @@ std::size_t count_wrong(const std::vector<std::uint8_t>& buf, const shape& s, in
 
 // The collective named by -C or by argv[0]'s "<collective>_perf" basename.
 bool pick_collective(int& argc, char** argv) {
-  std::string name = take_flag(argc, argv, "-C");
+  std::string name = bench::take_flag(argc, argv, "-C");
   if (name.empty()) {
     std::string base = argv[0];
     if (auto slash = base.rfind('/'); slash != std::string::npos) base = base.substr(slash + 1);
@@ -108,13 +95,14 @@ bool pick_collective(int& argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (!pick_collective(argc, argv)) return 2;
-  const std::string algo = take_flag(argc, argv, "-a");
-  const std::string root_flag = take_flag(argc, argv, "-r");
+  const std::string algo = bench::take_flag(argc, argv, "-a");
+  const std::string root_flag = bench::take_flag(argc, argv, "-r");
   if (!algo.empty()) ::setenv("CCLITE_ALGO", (std::string(to_string(kind)) + ":" + algo).c_str(), 1);
   const std::string prog = std::string(to_string(kind)) + "_perf";
   auto args = parse_perf_args(argc, argv, prog.c_str());
   if (!args) {
-    std::fprintf(stderr, "%s\n", args.error().message().c_str());
+    std::fprintf(stderr, "%s [-a ALGO (CCLITE_ALGO for this collective)] [-r ROOT]\n",
+                 args.error().message().c_str());
     return 2;
   }
   const perf_args a = args.value();

@@ -25,6 +25,21 @@ struct perf_args {
   std::string json;  // -J file: JSON lines
 };
 
+/// Removes `flag VALUE` from argv and returns VALUE ("" when absent): the
+/// cclite-only flags (-a ALGO, -r ROOT, -C COLLECTIVE) that the MPI twin and
+/// parse_perf_args() do not know.
+inline std::string take_flag(int& argc, char** argv, const char* flag) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == flag) {
+      std::string v = argv[i + 1];
+      for (int j = i; j + 2 <= argc; ++j) argv[j] = argv[j + 2];
+      argc -= 2;
+      return v;
+    }
+  }
+  return "";
+}
+
 inline bool parse_size(const char* s, std::size_t& out) {
   char* end = nullptr;
   double v = std::strtod(s, &end);
