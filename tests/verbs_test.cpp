@@ -454,22 +454,32 @@ TEST_CASE("verbs pick_port: NUMA first then spread over local ranks") {
   CHECK(pick_port({}, 0, 0) == -1);
 }
 
-TEST_CASE("verbs transport: publish without a device records why and refuses every peer") {
+// Rank 0 of a 2-rank job on this host, with a memory store: the context a
+// verbs transport is built from. `verbs_only`: the peers list only "verbs".
+struct rank0_of_two {
   memory_store kv;
-  std::vector<peer_info> peers(2);
-  for (int r = 0; r < 2; ++r) {
-    peers[r] = local_peer_info(r);
-    peers[r].transports = {"verbs"};
-  }
+  std::vector<peer_info> peers;
   std::atomic<bool> aborted{false};
   transport_context ctx;
-  ctx.rank = 0;
-  ctx.size = 2;
-  ctx.peers = &peers;
-  ctx.kv = &kv;
-  ctx.aborted = &aborted;
-  ctx.job_tag = "t";
-  transport t(ctx);
+  explicit rank0_of_two(bool verbs_only) : peers(2) {
+    for (int r = 0; r < 2; ++r) {
+      peers[r] = local_peer_info(r);
+      if (verbs_only) peers[r].transports = {"verbs"};
+    }
+    ctx.rank = 0;
+    ctx.size = 2;
+    ctx.peers = &peers;
+    ctx.kv = &kv;
+    ctx.aborted = &aborted;
+    ctx.job_tag = "t";
+  }
+};
+
+TEST_CASE("verbs transport: publish without a device records why and refuses every peer") {
+  rank0_of_two env(true);
+  auto& peers = env.peers;
+  auto& kv = env.kv;
+  transport t(env.ctx);
   REQUIRE(t.publish().ok());
   auto rec = kv.get("verbs/0", deadline::after(milliseconds(1000)));
   REQUIRE(rec.ok());
@@ -602,18 +612,8 @@ TEST_CASE("verbs hardware: the transport's registration cache registers a user b
     MESSAGE("no active RDMA port here: skipped");
     return;
   }
-  memory_store kv;
-  std::vector<peer_info> peers(2);
-  for (int r = 0; r < 2; ++r) peers[r] = local_peer_info(r);
-  std::atomic<bool> aborted{false};
-  transport_context ctx;
-  ctx.rank = 0;
-  ctx.size = 2;
-  ctx.peers = &peers;
-  ctx.kv = &kv;
-  ctx.aborted = &aborted;
-  ctx.job_tag = "t";
-  transport t(ctx);
+  rank0_of_two env(false);
+  transport t(env.ctx);
   REQUIRE(t.publish().ok());
   REQUIRE(t.registrations() != nullptr);
   std::vector<char> buf(3 << 20);

@@ -91,6 +91,22 @@ inline void append_measured(std::string& s, const std::string& kind, const link_
   s += buf;
 }
 
+/// Calls fn(kind, alpha_us, gbps) for each "kind:alpha:GBps" item of `s`
+/// (the append_measured() form); malformed items are skipped.
+template <class F>
+void for_each_measured(const std::string& s, F&& fn) {
+  std::size_t at = 0;
+  while (at < s.size()) {
+    std::size_t end = s.find(';', at);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(at, end - at);
+    at = end + 1;
+    const auto c1 = item.find(':'), c2 = item.rfind(':');
+    if (c1 == std::string::npos || c2 == c1) continue;
+    fn(item.substr(0, c1), std::strtod(item.c_str() + c1 + 1, nullptr), std::strtod(item.c_str() + c2 + 1, nullptr));
+  }
+}
+
 /// The figures every rank uses: per kind, the slowest measured anywhere.
 /// `all`: every rank's append_measured() string. Returns the same
 /// "kind:alpha:GBps;..." form, kinds in first-seen order (deterministic: the
@@ -99,17 +115,8 @@ inline std::string agree_measured(const std::vector<std::string>& all) {
   std::vector<std::string> kinds;
   std::vector<double> alpha, gbps;
   for (const auto& s : all) {
-    std::size_t at = 0;
-    while (at < s.size()) {
-      std::size_t end = s.find(';', at);
-      if (end == std::string::npos) end = s.size();
-      const std::string item = s.substr(at, end - at);
-      at = end + 1;
-      const auto c1 = item.find(':'), c2 = item.rfind(':');
-      if (c1 == std::string::npos || c2 == c1) continue;
-      const std::string kind = item.substr(0, c1);
-      const double a = std::strtod(item.c_str() + c1 + 1, nullptr), g = std::strtod(item.c_str() + c2 + 1, nullptr);
-      if (!(a >= 0) || !(g > 0)) continue;
+    for_each_measured(s, [&](const std::string& kind, double a, double g) {
+      if (!(a >= 0) || !(g > 0)) return;
       const auto it = std::find(kinds.begin(), kinds.end(), kind);
       if (it == kinds.end()) {
         kinds.push_back(kind);
@@ -120,7 +127,7 @@ inline std::string agree_measured(const std::vector<std::string>& all) {
         alpha[k] = std::max(alpha[k], a);
         gbps[k] = std::min(gbps[k], g);
       }
-    }
+    });
   }
   std::string out;
   for (std::size_t k = 0; k < kinds.size(); ++k) append_measured(out, kinds[k], link_cost::from(alpha[k], gbps[k]));
@@ -129,17 +136,9 @@ inline std::string agree_measured(const std::vector<std::string>& all) {
 
 /// Feeds an agreed string to `model` (kinds set in the environment keep theirs).
 inline void apply_measured(cost_model& model, const std::string& agreed) {
-  std::size_t at = 0;
-  while (at < agreed.size()) {
-    std::size_t end = agreed.find(';', at);
-    if (end == std::string::npos) end = agreed.size();
-    const std::string item = agreed.substr(at, end - at);
-    at = end + 1;
-    const auto c1 = item.find(':'), c2 = item.rfind(':');
-    if (c1 == std::string::npos || c2 == c1) continue;
-    model.set_measured(item.substr(0, c1), link_cost::from(std::strtod(item.c_str() + c1 + 1, nullptr),
-                                                           std::strtod(item.c_str() + c2 + 1, nullptr)));
-  }
+  for_each_measured(agreed, [&](const std::string& kind, double a, double g) {
+    model.set_measured(kind, link_cost::from(a, g));
+  });
 }
 
 }  // namespace cclite::detail
