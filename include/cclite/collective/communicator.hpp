@@ -471,7 +471,7 @@ class communicator final : private detail::comm_algorithms<Transports...>, priva
           case algorithm::rhd: return this->run_hd_allreduce(send, recv, d.count, red, until);
           case algorithm::tree: return this->run_tree_allreduce(send, recv, d.count, red, until);
           case algorithm::hier:
-            if (select_.hier_possible()) return run_hier_allreduce(d, red);
+            if (select_.hier_possible()) return run_hier_allreduce(d, red, until);
             break;  // one node, or nodes of different sizes: the ring
           case algorithm::direct:
             if (select_.direct_possible()) return run_direct_allreduce(send, recv, d.count, red, until);
@@ -619,9 +619,9 @@ class communicator final : private detail::comm_algorithms<Transports...>, priva
   // the node; the count % local_size tail elements are allreduced in the node,
   // then across. avg sums at both levels and divides once at the end, so the
   // result is the reference's (two integer divisions would truncate twice).
-  status run_hier_allreduce(const op_desc& d, const reduction& red) {
+  status run_hier_allreduce(const op_desc& d, const reduction& red, deadline until) {
     // The children's calls share our links: our predecessor's header first.
-    CCLITE_TRY(this->settle_checks(deadline::after(timeout_)));
+    CCLITE_TRY(this->settle_checks(until));
     if (!hier_node_) CCLITE_TRY(make_hier_children());
     communicator& in_node = *hier_node_;
     communicator& across = *hier_cross_;
