@@ -69,6 +69,7 @@ class comm_core {
   std::size_t root(int r) const { return static_cast<std::size_t>(root_of_[static_cast<std::size_t>(r)]); }
   link& link_at(int r) { return pool_->links[root(r)]; }
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // ---- set-up ------------------------------------------------------------------------
 
   // What roots and children set up alike.
@@ -335,6 +336,8 @@ class comm_core {
     return {};
   }
 
+CCLITE_SETUP_CODE_END
+
   // Runs `fn(prims)` with primitives over the links to `from` (data comes in)
   // and `to` (data goes out).
   template <class F>
@@ -448,6 +451,7 @@ class comm_core {
     });
   }
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // After a timeout: if the ring predecessor's header has not arrived, that
   // rank never entered this collective, the most useful thing to report. If
   // it has arrived, check it (a mismatch explains the hang too). Never blocks.
@@ -530,6 +534,8 @@ class comm_core {
     for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
     return s;
   }
+
+CCLITE_SETUP_CODE_END
 
   std::shared_ptr<pool_t> pool_;  // first: aborted_ refers into it
   std::atomic<bool>& aborted_;    // the family's abort flag (link_pool.hpp)

@@ -24,7 +24,9 @@
 #include <cclite/collective/cost_model.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/config.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::detail {
 
 struct cost_probe {
@@ -142,3 +144,4 @@ inline void apply_measured(cost_model& model, const std::string& agreed) {
 }
 
 }  // namespace cclite::detail
+CCLITE_SETUP_CODE_END

@@ -45,7 +45,9 @@
 #include <cclite/core/status.hpp>
 #include <cclite/topology/peer_info.hpp>
 #include <cclite/transport/transport_set.hpp>
+#include <cclite/config.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::detail {
 
 template <class... Transports>
@@ -98,3 +100,4 @@ inline std::uint32_t comm_id_of(const std::string& prefix) {
 }
 
 }  // namespace cclite::detail
+CCLITE_SETUP_CODE_END

@@ -14,7 +14,9 @@
 
 #include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/config.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite {
 
 struct peer_info {
@@ -113,3 +115,4 @@ inline peer_info local_peer_info(int rank) {
 }
 
 }  // namespace cclite
+CCLITE_SETUP_CODE_END

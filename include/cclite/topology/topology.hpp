@@ -10,7 +10,9 @@
 
 #include <cclite/core/status.hpp>
 #include <cclite/topology/peer_info.hpp>
+#include <cclite/config.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite {
 
 class topology {
@@ -95,3 +97,4 @@ class topology {
 };
 
 }  // namespace cclite
+CCLITE_SETUP_CODE_END

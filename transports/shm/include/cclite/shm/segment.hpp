@@ -33,7 +33,9 @@
 #include <utility>
 
 #include <cclite/core/status.hpp>
+#include <cclite/config.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::shm {
 
 class segment {
@@ -184,3 +186,4 @@ class segment {
 };
 
 }  // namespace cclite::shm
+CCLITE_SETUP_CODE_END

@@ -45,7 +45,9 @@
 #include <cclite/shm/link.hpp>
 #include <cclite/shm/segment.hpp>
 #include <cclite/transport/concept.hpp>
+#include <cclite/config.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::shm {
 
 /// Tunables; from_env() reads the CCLITE_SHM_* variables.
@@ -326,3 +328,4 @@ class transport {
 static_assert(is_transport_v<transport>, "shm::transport must model the transport concept");
 
 }  // namespace cclite::shm
+CCLITE_SETUP_CODE_END

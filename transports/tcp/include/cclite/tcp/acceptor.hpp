@@ -21,12 +21,14 @@
 #include <utility>
 #include <vector>
 
+#include <cclite/config.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/log.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/tcp/hello.hpp>
 #include <cclite/tcp/socket.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::tcp::detail {
 
 /// The sockets one peer connected, in index order.
@@ -203,3 +205,4 @@ class acceptor {
 };
 
 }  // namespace cclite::tcp::detail
+CCLITE_SETUP_CODE_END

@@ -27,6 +27,9 @@
 #include <cstring>
 #include <string>
 
+#include <cclite/config.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::tcp {
 
 inline constexpr std::uint32_t hello_version = 1;
@@ -145,3 +148,4 @@ inline std::string reject_reason(const hello& h, std::uint64_t job_hash, int me,
 }
 
 }  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END

@@ -42,7 +42,9 @@
 
 #include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/config.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::tcp {
 
 /// A parsed interface specification (the value of CCLITE_SOCKET_IFNAME).
@@ -359,3 +361,4 @@ inline result<chosen_interface> choose_interface() {
 }
 
 }  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END

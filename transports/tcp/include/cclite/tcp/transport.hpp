@@ -47,6 +47,7 @@
 #include <utility>
 #include <vector>
 
+#include <cclite/config.hpp>
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/env.hpp>
@@ -59,6 +60,7 @@
 #include <cclite/tcp/socket.hpp>
 #include <cclite/transport/concept.hpp>
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::tcp {
 
 /// Settings of the TCP data path, from the environment.
@@ -367,3 +369,4 @@ class transport {
 static_assert(is_transport_v<transport>, "tcp::transport must model the transport concept");
 
 }  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END
