@@ -26,6 +26,8 @@
 # (--profile) times the steps of an epoch, and "p10": the fastest tenth's
 # step time times the steps; both leave out steps that other programs' load
 # stretched, p10 nearly all of them (a busy machine's estimate of a quiet one).
+# TRAIN_ARGS (environment) is appended to every train_fashion_mnist command,
+# e.g. TRAIN_ARGS="--shared-grads 0" for gradients in ordinary memory.
 # Needs dataset-fashion-mnist.
 set -eu
 batches="64 128 256"
@@ -44,7 +46,7 @@ while getopts "b:r:e:f:s:o:p" opt; do
     s) split_kb=$OPTARG ;;
     o) optimizer=$OPTARG ;;
     p) prio=1 ;;
-    *) sed -n '2,29p' "$0"; exit 2 ;;
+    *) sed -n '2,31p' "$0"; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -67,7 +69,7 @@ launch() {
 run_once() {  # ranks batch
   launch "$bin/cclite-run" --nproc-per-node "$1" "$bin/train_fashion_mnist" --epochs "$epochs" --batch "$2" \
     --threads 1 --optimizer "$optimizer" ${first_kb:+--first-bucket-kb "$first_kb"} --split-kb "$split_kb" --no-eval --no-checkpoint \
-    --progress none --profile > "$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
+    --progress none --profile $TRAIN_ARGS > "$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
   e=$(grep -o 'epoch [0-9]*/[0-9]*: [0-9.]* s' "$tmp/out" | awk '{ print $3 }' | median)
   s=$(grep -o '([0-9.]* s in synchronize)' "$tmp/out" | tr -d '(' | awk '{ print $1 }' | median)
   [ -n "$s" ] || s=0

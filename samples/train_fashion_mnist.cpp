@@ -68,6 +68,9 @@ struct args {
   // runs; with one core per rank that overlap only moves the reduction's CPU
   // work into backward (docs/trainer.md, Performance), so it is off by default.
   long split_kb = 0;
+  // Gradients in the communicator's shared window (one node, shm): the
+  // allreduce reads them where backward wrote them. 0: ordinary memory.
+  bool shared_grads = true;
   int accumulate = 1;
   std::string progress = "auto";
   int timeline = 0;
@@ -98,6 +101,8 @@ void usage() {
       "                        core is left for the reduction; else all gradients in one bucket)\n"
       "  --split-kb K          cut a larger gradient into pieces of at most K KiB, each reduced as\n"
       "                        soon as backward computed it (default 0 = never; 196: fc1.weight in 4)\n"
+      "  --shared-grads 0|1    gradients in a window every local rank maps (default 1; used when all\n"
+      "                        ranks share one node): reduced in place, without staging copies\n"
       "  --accumulate K        micro-batches per step, communicating only the last (default 1)\n"
       "  --progress auto|bar|lines|none  (auto: bar on a terminal, lines otherwise)\n"
       "  --timeline N          print the bucket timeline of the first N steps of each epoch\n"
@@ -133,6 +138,7 @@ bool parse(int argc, char** argv, args& a) {
     else if (k == "--bucket-kb") a.bucket_kb = std::atol(val());
     else if (k == "--first-bucket-kb") a.first_bucket_kb = std::atol(val());
     else if (k == "--split-kb") a.split_kb = std::atol(val());
+    else if (k == "--shared-grads") a.shared_grads = std::atoi(val()) != 0;
     else if (k == "--accumulate") a.accumulate = std::atoi(val());
     else if (k == "--progress") a.progress = val();
     else if (k == "--timeline") a.timeline = std::atoi(val());
@@ -268,6 +274,7 @@ int main(int argc, char** argv) {
     first_kb = cores > static_cast<long>(comm.local_size()) * threads ? 256 : a.bucket_kb;
   }
   dpo.first_bucket_cap_bytes = static_cast<std::size_t>(first_kb) << 10;
+  dpo.shared_gradients = a.shared_grads;
   if (world > 1 && a.split_kb > 0) {
     // As many row blocks of fc1's weight gradient as data_parallel cuts it
     // into pieces (one process alone has nothing to overlap: no blocks).

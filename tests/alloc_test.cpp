@@ -210,7 +210,9 @@ std::vector<call> make_mix(int total) {
   return mix;
 }
 
-const char* algos_shm[] = {"", "ring", "rd", "rhd", "tree", "direct"};
+// "window": the automatic choice, receiving into an alloc_shared() window
+// (the in-place calls take the shared-window path).
+const char* algos_shm[] = {"", "ring", "rd", "rhd", "tree", "direct", "window"};
 const char* algos_tcp[] = {"", "ring", "rd", "rhd", "tree"};
 
 std::string describe(const call& c, const char* algo, net n) {
@@ -233,16 +235,23 @@ int rank_main(int rank, int size, net n, const std::string& dir, const char* con
   const std::vector<call> mix = make_mix(1000 / n_algos + 1);
   int failed = 0;
   for (int a = 0; a < n_algos && failed == 0; ++a) {
-    ::setenv("CCLITE_ALGO", *algos[a] ? (std::string("allreduce:") + algos[a]).c_str() : "", 1);
+    const bool window = std::strcmp(algos[a], "window") == 0;
+    ::setenv("CCLITE_ALGO", *algos[a] && !window ? (std::string("allreduce:") + algos[a]).c_str() : "", 1);
     comm_options o;
     o.store_prefix = "alloc" + std::to_string(a);
     auto c = test::make_comm(*kv, rank, size, o);
+    std::uint8_t* out = recv.data();
+    if (window) {
+      auto w = c->alloc_shared(max_bytes);
+      MP_REQUIRE_OK(w.ok() ? status() : w.error());
+      out = static_cast<std::uint8_t*>(w.value());
+    }
     auto run = [&](const call& k) {
       // Small-integer inputs keep prod and avg finite: this test is about
       // allocation, allreduce_test checks values.
-      if (k.in_place) std::memcpy(recv.data(), send.data(), k.count * size_of(k.type));
-      return k.in_place ? c->allreduce(recv.data(), recv.data(), k.count, k.type, k.op)
-                        : c->allreduce(send.data(), recv.data(), k.count, k.type, k.op);
+      if (k.in_place) std::memcpy(out, send.data(), k.count * size_of(k.type));
+      return k.in_place ? c->allreduce(out, out, k.count, k.type, k.op)
+                        : c->allreduce(send.data(), out, k.count, k.type, k.op);
     };
     for (const call& k : mix) MP_REQUIRE_OK(run(k));  // warm-up: lazy set-up happens here
     for (const call& k : mix) {
@@ -269,7 +278,7 @@ int rank_main(int rank, int size, net n, const std::string& dir, const char* con
 void run_net(net n) {
   test::temp_dir dir;
   const char* const* algos = n == net::tcp_only ? algos_tcp : algos_shm;
-  const int n_algos = n == net::tcp_only ? 5 : 6;
+  const int n_algos = static_cast<int>(n == net::tcp_only ? sizeof algos_tcp / sizeof *algos_tcp : sizeof algos_shm / sizeof *algos_shm);
   auto r = test::run_ranks(
       2, [&](int rank, int size) { return rank_main(rank, size, n, dir.path, algos, n_algos); }, std::chrono::seconds(120),
       [&](int rank) { test::set_net_env(n, rank, 2); });
@@ -280,7 +289,7 @@ void run_net(net n) {
 
 }  // namespace
 
-TEST_CASE("allreduce allocates nothing once set up: shm, every algorithm") { run_net(net::shm_only); }
+TEST_CASE("allreduce allocates nothing once set up: shm, every algorithm and a shared window") { run_net(net::shm_only); }
 
 TEST_CASE("allreduce allocates nothing once set up: tcp, every algorithm") { run_net(net::tcp_only); }
 

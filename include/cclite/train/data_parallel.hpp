@@ -57,6 +57,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -88,7 +89,20 @@ struct dp_options {
   /// finishes last, is then reduced block by block while the next block is
   /// computed, instead of all of it after backward.
   std::size_t split_bytes = 0;
+  /// Keep the gradients in memory every rank of the node maps
+  /// (communicator::alloc_shared), so that backward writes them where the
+  /// allreduce reads them and no staging copy is made; used when the
+  /// communicator offers it and all ranks share one node, else ordinary
+  /// memory (the results are the same either way).
+  bool shared_gradients = true;
 };
+
+namespace detail {
+template <class C, class = void>
+struct has_alloc_shared : std::false_type {};
+template <class C>
+struct has_alloc_shared<C, std::void_t<decltype(std::declval<C&>().alloc_shared(std::size_t{}))>> : std::true_type {};
+}  // namespace detail
 
 template <class Comm>
 class data_parallel {
@@ -108,7 +122,7 @@ class data_parallel {
     data_parallel dp(comm, std::move(params), opts);
     CCLITE_TRY(dp.check_shapes());
     if (opts.broadcast_parameters) CCLITE_TRY(dp.broadcast_values());
-    dp.build_buckets();
+    CCLITE_TRY(dp.build_buckets());
     return dp;
   }
 
@@ -116,12 +130,17 @@ class data_parallel {
   data_parallel& operator=(data_parallel&& o) noexcept {
     if (this != &o) {
       drain();
-      for (parameter* p : params_) p->use_own_grad();  // flat_ is about to go
+      for (parameter* p : params_) p->use_own_grad();  // the gradient buffer is about to go
+      release_shared();
       comm_ = o.comm_;
       params_ = std::move(o.params_);
       index_ = std::move(o.index_);
       plan_ = std::move(o.plan_);
-      flat_ = std::move(o.flat_);
+      own_ = std::move(o.own_);
+      grad_ = o.grad_;
+      grad_size_ = o.grad_size_;
+      shared_ = o.shared_;
+      o.grad_ = nullptr, o.grad_size_ = 0, o.shared_ = false;
       opts_ = o.opts_;
       slots_ = std::move(o.slots_);
       remaining_ = std::move(o.remaining_);
@@ -147,6 +166,7 @@ class data_parallel {
   ~data_parallel() {
     drain();
     for (parameter* p : params_) p->use_own_grad();
+    release_shared();
   }
 
   int rank() const { return comm_->rank(); }
@@ -155,11 +175,14 @@ class data_parallel {
   const parameter_list& parameters() const noexcept { return params_; }
 
   /// All gradients, contiguous, in bucket order (reverse registration order).
-  float* flat_grad() noexcept { return flat_.data(); }
-  std::size_t flat_size() const noexcept { return flat_.size(); }
+  float* flat_grad() noexcept { return grad_; }
+  std::size_t flat_size() const noexcept { return grad_size_; }
+  /// Whether the gradients live in the communicator's shared window
+  /// (dp_options::shared_gradients).
+  bool shared_gradients() const noexcept { return shared_; }
 
   /// Zeroes every gradient (one memset over the buckets).
-  void zero_grad() noexcept { std::fill(flat_.begin(), flat_.end(), 0.0f); }
+  void zero_grad() noexcept { std::fill(grad_, grad_ + grad_size_, 0.0f); }
 
   /// Turns gradient communication on or off (off: accumulate locally).
   void set_sync(bool on) noexcept { sync_ = on; }
@@ -254,7 +277,7 @@ class data_parallel {
     {
       const auto& bk = plan_.buckets[last];
       timeline_[last].launched_us = micros(clock::now() - step_start_);
-      note(last, comm_->allreduce(flat_.data() + bk.offset, bk.count, reduce_op::avg));
+      note(last, comm_->allreduce(grad_ + bk.offset, bk.count, reduce_op::avg));
     }
     // Issue order is completion order (one queue), so these are done or nearly.
     for (std::size_t b = 0; b < last; ++b) note(b, slots_[b].w.wait(opts_.timeout));
@@ -350,7 +373,7 @@ class data_parallel {
     return {};
   }
 
-  void build_buckets() {
+  status build_buckets() {
     // Parameters of one module ("fc1.weight", "fc1.bias": the name up to its
     // last '.') get their gradients at the same moment of backward, so they
     // share a bucket: a small bias must not hold a bucket back until its
@@ -367,15 +390,28 @@ class data_parallel {
     }
     plan_ = bucket_plan::make(sizes, sizeof(float), opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes, groups,
                               opts_.split_bytes);
-    flat_.assign(plan_.total, 0.0f);
+    grad_size_ = plan_.total;
+    if constexpr (detail::has_alloc_shared<Comm>::value) {
+      // Collective: every rank has the same size, options and plan.
+      if (opts_.shared_gradients && comm_->size() > 1 && plan_.total) {
+        auto p = comm_->alloc_shared(plan_.total * sizeof(float));
+        if (p) grad_ = static_cast<float*>(p.value()), shared_ = true;
+        else if (p.error().code() != errc::unsupported) return p.error();
+      }
+    }
+    if (!shared_) {
+      own_.assign(plan_.total, 0.0f);
+      grad_ = own_.data();
+    }
     for (std::size_t i = 0; i < params_.size(); ++i) {
       index_[params_[i]] = i;
-      params_[i]->bind_grad(flat_.data() + plan_.param_offset[i]);
+      params_[i]->bind_grad(grad_ + plan_.param_offset[i]);
     }
     slots_.clear();
     slots_.resize(plan_.buckets.size());
     cursor_.assign(params_.size(), 0);
     reset_step();
+    return {};
   }
 
   void reset_step() {
@@ -397,10 +433,18 @@ class data_parallel {
     const auto& bk = plan_.buckets[b];
     slots_[b].launched = clock::now();
     slots_[b].seen_done = clock::time_point{};
-    slots_[b].w = comm_->allreduce_async(flat_.data() + bk.offset, bk.count, reduce_op::avg);
+    slots_[b].w = comm_->allreduce_async(grad_ + bk.offset, bk.count, reduce_op::avg);
   }
 
-  // Outstanding allreduces write into flat_: they must finish before it goes.
+  void release_shared() noexcept {
+    if constexpr (detail::has_alloc_shared<Comm>::value) {
+      if (shared_ && comm_) (void)comm_->free_shared(grad_);
+    }
+    shared_ = false;
+    grad_ = nullptr;
+  }
+
+  // Outstanding allreduces write into the gradients: they must finish before they go.
   void drain() noexcept {
     for (std::size_t b = 0; b < next_launch_ && b < slots_.size(); ++b) (void)slots_[b].w.wait(milliseconds(-1));
     next_launch_ = 0;
@@ -410,7 +454,10 @@ class data_parallel {
   parameter_list params_;
   std::unordered_map<const parameter*, std::size_t> index_;
   bucket_plan plan_;
-  std::vector<float> flat_;
+  float* grad_ = nullptr;  // all gradients, bucket order: own_ or the communicator's shared window
+  std::size_t grad_size_ = 0;
+  std::vector<float> own_;
+  bool shared_ = false;
   dp_options opts_;
   std::vector<slot> slots_;
   std::vector<std::size_t> remaining_;  // per bucket: gradient elements not yet final this step

@@ -22,6 +22,14 @@
 // next piece, i.e. after everyone finished copying the previous results.
 // Each slice is computed by one member, so results are bitwise identical.
 //
+// Shared windows (create_window, allreduce_window): the same group with one
+// area per member and no result area, where the area is the caller's data
+// (communicator::alloc_shared). An allreduce of a range of the window needs
+// no copy in or out: after (2), each member reduces its slice of the range
+// across every member's window and writes the result into every member's
+// window; after (4) every window holds the whole result. Per member: S bytes
+// read, S written, the least an allreduce can move.
+//
 // Waits poll the peers' counters (they are a few cache lines), then yield,
 // then sleep in short slices, checking the deadline, the abort flag and the
 // peers' liveness: a killed member is peer_lost, never a hang.
@@ -70,6 +78,31 @@ class direct_group {
                                                        std::size_t capacity,
                                                        const std::atomic<bool>* aborted,
                                                        std::chrono::nanoseconds spin, deadline until) {
+    return create_named(kv, job_tag, "direct", members, me, capacity, 2, aborted, spin, until);
+  }
+
+  /// A shared window of `bytes` per member (collective, as create()):
+  /// window_data() is this member's, zero-filled; `id` names it (unique per
+  /// communicator, the same on every member).
+  static result<std::unique_ptr<direct_group>> create_window(store& kv, const std::string& job_tag, int id,
+                                                              const std::vector<peer_info>& members, int me,
+                                                              std::size_t bytes, const std::atomic<bool>* aborted,
+                                                              std::chrono::nanoseconds spin, deadline until) {
+    auto g = create_named(kv, job_tag, "win" + std::to_string(id), members, me, bytes, 1, aborted, spin, until);
+    if (g) {
+      g.value()->window_ = true;
+      g.value()->scratch_.resize(64u << 10);
+    }
+    return g;
+  }
+
+ private:
+  static result<std::unique_ptr<direct_group>> create_named(store& kv, const std::string& job_tag,
+                                                             const std::string& what,
+                                                             const std::vector<peer_info>& members, int me,
+                                                             std::size_t capacity, int areas,
+                                                             const std::atomic<bool>* aborted,
+                                                             std::chrono::nanoseconds spin, deadline until) {
     std::unique_ptr<direct_group> g(new direct_group);
     g->me_ = me;
     g->cap_ = std::max<std::size_t>(max_dtype_size, align_down(capacity, max_dtype_size));
@@ -86,20 +119,21 @@ class direct_group {
       m.watch_pid = ns.value() == my_ns ? p.pid : 0;
       g->members_.push_back(std::move(m));
     }
-    const std::size_t bytes = header_bytes + 2 * g->cap_;
+    const std::size_t bytes = header_bytes + static_cast<std::size_t>(areas) * g->cap_;
     const int my_rank = g->members_[static_cast<std::size_t>(me)].rank;
     std::string tag;
     for (char c : job_tag)
       if (tag.size() < 150) tag += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-') ? c : '_';
-    const std::string name = "/cclite-" + tag + "-direct-" + std::to_string(my_rank);
+    const std::string name = "/cclite-" + tag + "-" + what + "-" + std::to_string(my_rank);
+    const std::string key = "shm" + what + "/";
     auto own = segment::create(name, bytes);
     if (!own) return own.error();
     g->segs_.resize(g->members_.size());
     g->segs_[static_cast<std::size_t>(me)] = std::move(own.value());
-    CCLITE_TRY(kv.set("shmdirect/" + std::to_string(my_rank), name));
+    CCLITE_TRY(kv.set(key + std::to_string(my_rank), name));
     for (std::size_t i = 0; i < g->members_.size(); ++i) {
       if (static_cast<int>(i) == me) continue;
-      auto peer_name = kv.get("shmdirect/" + std::to_string(g->members_[i].rank), until);
+      auto peer_name = kv.get(key + std::to_string(g->members_[i].rank), until);
       if (!peer_name) return peer_name.error();
       auto s = segment::open(peer_name.value(), bytes);
       if (!s) return s.error();
@@ -107,21 +141,71 @@ class direct_group {
     }
     // Once everyone mapped every segment, the names can go: nothing is left in
     // /dev/shm if a member is killed later.
-    CCLITE_TRY(kv.set("shmdirect/mapped/" + std::to_string(my_rank), "1"));
+    CCLITE_TRY(kv.set(key + "mapped/" + std::to_string(my_rank), "1"));
     for (const member& m : g->members_) {
-      auto ok = kv.get("shmdirect/mapped/" + std::to_string(m.rank), until);
+      auto ok = kv.get(key + "mapped/" + std::to_string(m.rank), until);
       if (!ok) return ok.error();
     }
     CCLITE_TRY(g->segs_[static_cast<std::size_t>(me)].unlink());
     return g;
   }
 
+ public:
   std::size_t capacity() const noexcept { return cap_; }
   /// The tag member `m` published with its last allreduce (see allreduce()).
   const std::uint8_t* tag_of(int m) const { return tag_slot(m); }
 
   /// Bytes of the caller's tag that allreduce() can compare across members.
   static constexpr std::size_t max_tag_bytes = 48;
+
+  /// This member's window (create_window): capacity() bytes.
+  std::uint8_t* window_data() const noexcept { return window_ ? input(me_) : nullptr; }
+
+  /// In place over a window: every member's bytes [offset, offset + count x
+  /// elem) become the reduction of that range across all members. Members
+  /// must pass the same offset and count: both are compared (with `tag`, as
+  /// in allreduce()) before anything is read, a difference is errc::mismatch.
+  status allreduce_window(std::size_t offset, std::size_t count, const reduction& red, int divide_by,
+                          deadline until, const std::uint8_t* tag = nullptr, std::size_t tag_bytes = 0,
+                          int* odd = nullptr) {
+    const std::size_t elem = red.elem_size, L = members_.size();
+    if (!window_ || offset > cap_ || count > (cap_ - offset) / elem || offset % elem)
+      return make_error(errc::invalid_argument, "shm window: range outside the window or misaligned");
+    // The tag: the caller's call header, then the range (so that a rank
+    // reducing another part of its window is caught even without headers).
+    std::uint8_t mine[max_tag_bytes] = {};
+    if (tag) std::memcpy(mine, tag, std::min<std::size_t>(tag_bytes, 32));
+    const std::uint64_t range[2] = {offset, count};
+    std::memcpy(mine + 32, range, sizeof range);
+    const std::uint64_t step = ++step_;
+    std::memcpy(tag_slot(me_), mine, max_tag_bytes);
+    counter(me_, 0).store(step, std::memory_order_release);
+    CCLITE_TRY(wait_all(0, step, until));
+    CCLITE_TRY(compare_tags(mine, max_tag_bytes, odd));
+    const segments slices{count, L};
+    const std::size_t first = slices.offset(static_cast<std::size_t>(me_)), len = slices.length(static_cast<std::size_t>(me_));
+    // Pieces small enough that the L inputs and the result stay in cache
+    // between the reduction and the copies to the other windows.
+    const std::size_t piece = std::max<std::size_t>(1, (64u << 10) / elem);
+    auto at_ = [&](int m, std::size_t i) { return input(m) + offset + i * elem; };
+    for (std::size_t at = first; at < first + len; at += piece) {
+      const std::size_t n = std::min(piece, first + len - at);
+      // Members 0 and 1 reduce into their own window ("1 op 0": the same
+      // value as "0 op 1", up to the sign of a zero min/max or a NaN payload;
+      // every rank gets the same bits anyway, each element being computed
+      // once); member >= 2 into scratch, as it reads its own input after 0's
+      // and 1's.
+      std::uint8_t* out = at_(me_, at);
+      if (L > 1 && me_ < 2) red.inplace(out, at_(1 - me_, at), n);
+      else if (L > 1) red.copy(out = scratch_.data(), at_(0, at), at_(1, at), n);
+      for (std::size_t m = 2; m < L; ++m) red.inplace(out, at_(static_cast<int>(m), at), n);
+      if (divide_by > 0) red.divide(out, n, divide_by);
+      for (std::size_t m = 0; m < L; ++m)
+        if (at_(static_cast<int>(m), at) != out) std::memcpy(at_(static_cast<int>(m), at), out, n * elem);
+    }
+    counter(me_, 1).store(step, std::memory_order_release);
+    return wait_all(1, step, until);
+  }
 
   /// recv = reduction of every member's send (count elements); send may equal
   /// recv. Collective over the group; pieces of at most capacity() bytes.
@@ -142,13 +226,7 @@ class direct_group {
       if (tag && at == 0) std::memcpy(tag_slot(me_), tag, std::min(tag_bytes, max_tag_bytes));
       counter(me_, 0).store(step, std::memory_order_release);
       CCLITE_TRY(wait_all(0, step, until));
-      if (tag && at == 0) {
-        for (std::size_t m = 0; m < L; ++m) {
-          if (std::memcmp(tag_slot(static_cast<int>(m)), tag, std::min(tag_bytes, max_tag_bytes)) == 0) continue;
-          if (odd) *odd = static_cast<int>(m);
-          return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
-        }
-      }
+      if (tag && at == 0) CCLITE_TRY(compare_tags(tag, tag_bytes, odd));
       const segments slices{n, L};
       const std::size_t off = slices.offset(static_cast<std::size_t>(me_)), len = slices.length(static_cast<std::size_t>(me_));
       if (len) {
@@ -169,8 +247,18 @@ class direct_group {
   }
 
  private:
-  // Each counter on a cache line of its own.
-  static constexpr std::size_t header_bytes = 128;
+  // Each counter on a cache line of its own; 4096 keeps a window's data
+  // page-aligned (any dtype, and vector loads, are aligned in it).
+  static constexpr std::size_t header_bytes = 4096;
+
+  status compare_tags(const std::uint8_t* tag, std::size_t tag_bytes, int* odd) const {
+    for (std::size_t m = 0; m < members_.size(); ++m) {
+      if (std::memcmp(tag_slot(static_cast<int>(m)), tag, std::min(tag_bytes, max_tag_bytes)) == 0) continue;
+      if (odd) *odd = static_cast<int>(m);
+      return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
+    }
+    return {};
+  }
 
   direct_group() = default;
 
@@ -236,6 +324,8 @@ class direct_group {
   int me_ = 0;
   std::size_t cap_ = 0;
   std::uint64_t step_ = 0;
+  bool window_ = false;
+  std::vector<std::uint8_t> scratch_;  // allreduce_window, member >= 2: one piece
   const std::atomic<bool>* aborted_ = nullptr;
   std::chrono::nanoseconds spin_{std::chrono::microseconds(10)};
 };
