@@ -513,7 +513,7 @@ class communicator final : private detail::comm_algorithms<Transports...>, priva
     switch (d.kind) {
       case collective_kind::allreduce:
         if (n == 1) return local_copy(send, recv, bytes);
-        if (send == recv && !windows_.empty()) {
+        if (send == recv && bytes > window_min_bytes && !windows_.empty()) {
           if (auto* w = window_of(recv, bytes)) return run_window_allreduce(*w, recv, d.count, red, until);
         }
         switch (select_.choose(d.kind, bytes, n)) {
@@ -609,7 +609,8 @@ class communicator final : private detail::comm_algorithms<Transports...>, priva
       seen |= bit;
       const algorithm a = select_.choose(d.kind, bytes, size_);
       const bool in_window = d.kind == collective_kind::allreduce && d.send == d.recv && size_ > 1 &&
-                             !windows_.empty() && window_of(static_cast<const std::uint8_t*>(d.recv), bytes);
+                             bytes > window_min_bytes && !windows_.empty() &&
+                             window_of(static_cast<const std::uint8_t*>(d.recv), bytes);
       const char* algo = size_ == 1 ? "local copy"
                          : in_window ? "shared window (each rank reduces its slice in every rank's copy)"
                          : a == algorithm::rd ? "recursive doubling"
@@ -739,6 +740,12 @@ class communicator final : private detail::comm_algorithms<Transports...>, priva
       return make_error(errc::unsupported, "shm-direct needs the shm transport");
     }
   }
+
+  // Up to this size an in-place allreduce on a window takes the ordinary
+  // path: the window's two all-rank synchronisations cost more than recursive
+  // doubling's one exchange (2 ranks: 512 B 1.1 vs 0.95 us, 2 KiB 1.2 vs 1.4;
+  // docs/performance.md, session 4). The same on every rank: sizes agree.
+  static constexpr std::size_t window_min_bytes = 1024;
 
   // The alloc_shared() window holding [p, p + bytes), or null.
   auto* window_of(const std::uint8_t* p, std::size_t bytes) const {
