@@ -290,7 +290,11 @@ class communicator final : private detail::comm_algorithms<Transports...>, priva
   /// valid until the communicator goes. Other calls on it work as on any
   /// memory. Errors: errc::unsupported unless all ranks share one node over
   /// shm links (use ordinary memory there); as create() for the set-up.
-  /// Not while async calls of this communicator are outstanding.
+  /// Not while async calls of this communicator are outstanding. A rank
+  /// passing a different range gets errc::mismatch; a rank passing ordinary
+  /// memory while the others pass the window takes another path and is
+  /// reported only at the deadline (CCLITE_TIMEOUT), as any diverging call.
+  /// In-place calls of at most 1 KiB take the ordinary path on every rank.
   result<void*> alloc_shared(std::size_t bytes) {
     if constexpr (has_direct) {
       if (!select_.direct_possible())
