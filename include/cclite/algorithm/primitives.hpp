@@ -181,10 +181,12 @@ class primitives {
       stalled_ = true;
       stalled_since_ = clock::now();
     }
-    const deadline slice = same ? until_ : deadline::min(until_, deadline::after(milliseconds(2)));
+    const deadline slice = same ? until_ : deadline::slice_of(until_, milliseconds(2));
     status st = w == wait_for::recv ? prev_.wait(w, slice) : next_.wait(w, slice);
     if (st.code() == errc::timeout) {
       if (!until_.expired()) return {};  // only the slice ended
+      // The deadline passed just after the slice: ask again for the link's text.
+      if (st.message().empty()) st = w == wait_for::recv ? prev_.wait(w, until_) : next_.wait(w, until_);
       double secs = std::chrono::duration<double>(clock::now() - stalled_since_).count();
       return make_error(errc::timeout, "no progress for %.1f s, deadline reached: %s", secs,
                         st.message().c_str());

@@ -39,8 +39,21 @@ class deadline {
   /// The earlier of two deadlines.
   static deadline min(deadline a, deadline b) noexcept { return a.at_ < b.at_ ? a : b; }
 
+  /// `until`, or `d` from now if that is earlier: then marked as a slice, a
+  /// wait that ends there is not the call's timeout. Waits that build an
+  /// error message on expiry skip it for a slice (is_slice()), so a caller
+  /// polling in slices allocates nothing while it waits.
+  static deadline slice_of(deadline until, milliseconds d) noexcept {
+    deadline s = after(d);
+    if (!(s.at_ < until.at_)) return until;
+    s.slice_ = true;
+    return s;
+  }
+  bool is_slice() const noexcept { return slice_; }
+
  private:
   clock::time_point at_;
+  bool slice_ = false;
 };
 
 /// Seconds since an arbitrary epoch, as a double (bench and log timestamps).

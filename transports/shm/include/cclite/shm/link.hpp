@@ -201,7 +201,7 @@ class link {
     for (;;) {
       if (peer_closed()) return ready() ? status{} : closed_error();
       if (!in_.consistent() || !out_.consistent()) return corrupt();
-      if (until.expired()) return timeout_error(w, start);
+      if (until.expired()) return until.is_slice() ? status(errc::timeout, std::string()) : timeout_error(w, start);
       if (aborted_ && aborted_->load(std::memory_order_relaxed)) {
         return make_error(errc::aborted, "communicator aborted while waiting for %s over shm",
                           peer_desc_.c_str());

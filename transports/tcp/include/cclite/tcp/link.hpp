@@ -341,7 +341,7 @@ class link {
         return make_error(errc::aborted, "communicator aborted while waiting for %s over tcp",
                           desc_.c_str());
       }
-      if (until.expired()) return timeout_error(w, start);
+      if (until.expired()) return until.is_slice() ? status(errc::timeout, std::string()) : timeout_error(w, start);
       pollfd fds[max_nsocks];
       for (int j = 0; j < n_; ++j) {
         short ev = 0;

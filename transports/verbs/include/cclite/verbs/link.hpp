@@ -357,7 +357,7 @@ class link {
       if (aborted_ && aborted_->load(std::memory_order_relaxed)) {
         return make_error(errc::aborted, "communicator aborted while waiting for %s over verbs", desc_.c_str());
       }
-      if (until.expired()) return timeout_error(w);
+      if (until.expired()) return until.is_slice() ? status(errc::timeout, std::string()) : timeout_error(w);
       pollfd fds[2] = {{s.ch->fd, POLLIN, 0}, {s.dev->context()->async_fd, POLLIN, 0}};
       ::poll(fds, 2, static_cast<int>(until.remaining(milliseconds(50)).count()));
       ibv_cq* ev_cq = nullptr;
