@@ -1,0 +1,208 @@
+// cclite/collective/comm_shared.hpp - what a communicator does through memory
+// that every rank of its node maps: the shm-direct allreduce (each rank
+// reduces its slice from the peers' shared buffers, shm/direct.hpp) and the
+// alloc_shared() windows (an in-place allreduce on them needs no staging
+// copies). Both exist only when a transport offering a node-wide
+// `direct_group` (shm) is compiled in; communicator<...> derives from this.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <cclite/collective/comm_algorithms.hpp>
+#include <cclite/collective/mismatch.hpp>
+#include <cclite/core/env.hpp>
+#include <cclite/core/reduce.hpp>
+#include <cclite/core/status.hpp>
+
+namespace cclite::detail {
+
+// The first of the transports that offers a node-wide `direct_group` (shm),
+// or void: shm-direct exists only when such a transport is compiled in.
+template <class T, class = void>
+struct direct_of {
+  using type = void;
+};
+template <class T>
+struct direct_of<T, std::void_t<typename T::direct_group>> {
+  using type = typename T::direct_group;
+};
+template <class... Ts>
+struct first_direct {
+  using type = void;
+};
+template <class T, class... Ts>
+struct first_direct<T, Ts...> {
+  using mine = typename direct_of<T>::type;
+  using type = std::conditional_t<std::is_void_v<mine>, typename first_direct<Ts...>::type, mine>;
+};
+
+template <class... Transports>
+class comm_shared : public comm_algorithms<Transports...> {
+  using core = comm_algorithms<Transports...>;
+
+ protected:
+  using core::rank_; using core::size_; using core::log_; using core::peers_; using core::tag_;
+  using core::timeout_; using core::aborted_; using core::pool_; using core::select_; using core::hdr_;
+  using direct_t = typename first_direct<Transports...>::type;
+  static constexpr bool has_direct = !std::is_void_v<direct_t>;
+
+  using core::core;
+
+ public:
+  /// Memory every rank of this communicator maps (NCCL's ncclMemAlloc plus
+  /// buffer registration, for one node): collective, every rank asks for the
+  /// same bytes in the same order. An in-place allreduce on a range of it,
+  /// with the same offset on every rank, reads the peers' data where it lies
+  /// and writes the result into every rank's copy, with no staging copies
+  /// (shm/direct.hpp, shared windows): 2 S bytes of memory traffic per rank
+  /// instead of about 4.5 S through the shm links. Zero-filled, page-aligned,
+  /// valid until the communicator goes. Other calls on it work as on any
+  /// memory. Errors: errc::unsupported unless all ranks share one node over
+  /// shm links (use ordinary memory there); as create() for the set-up.
+  /// Not while async calls of this communicator are outstanding. A rank
+  /// passing a different range gets errc::mismatch; a rank passing ordinary
+  /// memory while the others pass the window takes another path and is
+  /// reported only at the deadline (CCLITE_TIMEOUT), as any diverging call.
+  /// In-place calls of at most 1 KiB take the ordinary path on every rank.
+  result<void*> alloc_shared(std::size_t bytes) {
+    if constexpr (has_direct) {
+      if (!select_.direct_possible())
+        return make_error(errc::unsupported, "alloc_shared: the ranks of this communicator do not all share one node "
+                          "over shared-memory links (%d node(s))", this->topo_.node_count());
+      if (bytes == 0) return make_error(errc::invalid_argument, "alloc_shared: 0 bytes");
+      const deadline until = deadline::after(timeout_);
+      std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
+      CCLITE_TRY(hold_links(hold, until));
+      auto spin = env::get_int("SHM_SPIN_US", 10, false);
+      if (!spin) return spin.error();
+      auto g = direct_t::create_window(*this->kv_, tag_, windows_made_++, peers_, rank_, bytes,
+                                       &aborted_, std::chrono::microseconds(spin.value()), until);
+      if (!g) return status(g.error().code(), "alloc_shared: " + g.error().message());
+      windows_.push_back(std::move(g.value()));
+      return static_cast<void*>(windows_.back()->window_data());
+    } else {
+      (void)bytes;
+      return make_error(errc::unsupported, "alloc_shared needs the shm transport");
+    }
+  }
+
+  /// Unmaps a window of alloc_shared() on this rank (local: the peers keep
+  /// theirs until they free them). Not while a call on it is outstanding.
+  status free_shared(void* p) {
+    for (auto it = windows_.begin(); it != windows_.end(); ++it) {
+      if constexpr (has_direct) {
+        if ((*it)->window_data() == p) {
+          windows_.erase(it);
+          return {};
+        }
+      }
+    }
+    return make_error(errc::invalid_argument, "free_shared: %p is not from alloc_shared()", p);
+  }
+
+ protected:
+  // Takes the family's link lock (link_pool.hpp), bounded by the timeout and
+  // the abort flag.
+  status hold_links(std::unique_lock<std::mutex>& hold, deadline until) {
+    // try_lock and a short sleep rather than std::timed_mutex: its
+    // pthread_mutex_clocklock is not intercepted by GCC 12's ThreadSanitizer,
+    // which then reports every unlock as a bad one. Contention here is rare
+    // (a split() parent and child used from two threads at once).
+    while (!hold.try_lock()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (aborted_.load()) return make_error(errc::aborted, "communicator aborted (rank %d)", rank_);
+      if (until.expired())
+        return make_error(errc::timeout, "rank %d: the links this communicator shares with its split() parent or "
+                          "children stayed busy for the whole timeout (calls on them must come in the same "
+                          "order on every rank)", rank_);
+    }
+    return {};
+  }
+
+  // The node-wide group is built on first use (every rank of a one-node job
+  // takes this path for the same call, so the set-up is collective).
+  status run_direct_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                              const reduction& red, deadline until) {
+    if constexpr (has_direct) {
+      if (!direct_) {
+        CCLITE_TRY(this->agree_on_call(until));  // the set-up below waits for every rank
+        auto spin = env::get_int("SHM_SPIN_US", 10, false);
+        if (!spin) return spin.error();
+        auto g = direct_t::create(*this->kv_, tag_, peers_, rank_,
+                                  direct_bytes_, &aborted_,
+                                  std::chrono::microseconds(spin.value()), until);
+        if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
+        direct_ = std::move(g.value());
+      }
+      // Peers' buffers are read directly, without links: the call headers are
+      // compared in the group's segments instead (collective/mismatch.hpp).
+      std::uint8_t tag[call_header::wire_bytes];
+      hdr_.out.encode(tag);
+      int odd = -1;
+      status st = direct_->allreduce(send, recv, count, red, red.needs_divide ? size_ : 0, until,
+                                     hdr_.active ? tag : nullptr, sizeof tag, &odd);
+      if (st.code() == errc::mismatch && odd >= 0)
+        return mismatch_error(hdr_.expect, rank_, call_header::decode(direct_->tag_of(odd)),
+                                      peers_[static_cast<std::size_t>(odd)].rank);
+      return st;
+    } else {
+      (void)send, (void)recv, (void)count, (void)red, (void)until;
+      return make_error(errc::unsupported, "shm-direct needs the shm transport");
+    }
+  }
+
+  // Up to this size an in-place allreduce on a window takes the ordinary
+  // path: the window's two all-rank synchronisations cost more than recursive
+  // doubling's one exchange (2 ranks: 512 B 1.1 vs 0.95 us, 2 KiB 1.2 vs 1.4;
+  // docs/performance.md, session 4). The same on every rank: sizes agree.
+  static constexpr std::size_t window_min_bytes = 1024;
+
+  // The alloc_shared() window holding [p, p + bytes), or null.
+  auto* window_of(const std::uint8_t* p, std::size_t bytes) const {
+    for (const auto& w : windows_) {
+      if constexpr (has_direct) {
+        const std::uint8_t* base = w->window_data();
+        if (p >= base && p <= base + w->capacity() && bytes <= static_cast<std::size_t>(base + w->capacity() - p))
+          return w.get();
+      }
+    }
+    return static_cast<std::conditional_t<has_direct, direct_t, int>*>(nullptr);
+  }
+
+  // In place on a shared window: every rank passed the same offset in its own
+  // copy of the window (checked in the group, with the call header).
+  template <class W>
+  status run_window_allreduce(W& w, std::uint8_t* data, std::size_t count, const reduction& red, deadline until) {
+    if constexpr (has_direct) {
+      std::uint8_t tag[call_header::wire_bytes];
+      hdr_.out.encode(tag);
+      int odd = -1;
+      status st = w.allreduce_window(static_cast<std::size_t>(data - w.window_data()), count, red,
+                                     red.needs_divide ? size_ : 0, until, hdr_.active ? tag : nullptr, sizeof tag, &odd);
+      if (st.code() == errc::mismatch && odd >= 0) {
+        return status(errc::mismatch, mismatch_error(hdr_.expect, rank_, call_header::decode(w.tag_of(odd)),
+                                                             peers_[static_cast<std::size_t>(odd)].rank).message() +
+                                          " (or another range of the alloc_shared() window: every rank must pass the same offset)");
+      }
+      return st;
+    } else {
+      (void)w, (void)data, (void)count, (void)red, (void)until;
+      return make_error(errc::unsupported, "shared windows need the shm transport");
+    }
+  }
+
+  std::vector<std::unique_ptr<std::conditional_t<has_direct, direct_t, int>>> windows_;  // alloc_shared()
+  int windows_made_ = 0;  // names each window's segments (ids are never reused)
+  std::unique_ptr<std::conditional_t<has_direct, direct_t, int>> direct_;
+  std::size_t direct_bytes_ = 1 << 20;  // CCLITE_SHM_DIRECT_BUFFSIZE
+};
+
+}  // namespace cclite::detail
