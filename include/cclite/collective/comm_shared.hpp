@@ -53,6 +53,7 @@ class comm_shared : public comm_algorithms<Transports...> {
   using core::timeout_; using core::aborted_; using core::pool_; using core::select_; using core::hdr_;
   using direct_t = typename first_direct<Transports...>::type;
   static constexpr bool has_direct = !std::is_void_v<direct_t>;
+  using group_t = std::conditional_t<has_direct, direct_t, int>;  // int: a placeholder without shm
 
   using core::core;
 
@@ -81,10 +82,10 @@ class comm_shared : public comm_algorithms<Transports...> {
       const deadline until = deadline::after(timeout_);
       std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
       CCLITE_TRY(hold_links(hold, until));
-      auto spin = env::get_int("SHM_SPIN_US", 10, false);
+      auto spin = spin_from_env();
       if (!spin) return spin.error();
       auto g = direct_t::create_window(*this->kv_, tag_, windows_made_++, peers_, rank_, bytes,
-                                       &aborted_, std::chrono::microseconds(spin.value()), until);
+                                       &aborted_, spin.value(), until);
       if (!g) return status(g.error().code(), "alloc_shared: " + g.error().message());
       windows_.push_back(std::move(g.value()));
       return static_cast<void*>(windows_.back()->window_data());
@@ -134,11 +135,9 @@ class comm_shared : public comm_algorithms<Transports...> {
     if constexpr (has_direct) {
       if (!direct_) {
         CCLITE_TRY(this->agree_on_call(until));  // the set-up below waits for every rank
-        auto spin = env::get_int("SHM_SPIN_US", 10, false);
+        auto spin = spin_from_env();
         if (!spin) return spin.error();
-        auto g = direct_t::create(*this->kv_, tag_, peers_, rank_,
-                                  direct_bytes_, &aborted_,
-                                  std::chrono::microseconds(spin.value()), until);
+        auto g = direct_t::create(*this->kv_, tag_, peers_, rank_, direct_bytes_, &aborted_, spin.value(), until);
         if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
         direct_ = std::move(g.value());
       }
@@ -151,7 +150,7 @@ class comm_shared : public comm_algorithms<Transports...> {
                                      hdr_.active ? tag : nullptr, sizeof tag, &odd);
       if (st.code() == errc::mismatch && odd >= 0)
         return mismatch_error(hdr_.expect, rank_, call_header::decode(direct_->tag_of(odd)),
-                                      peers_[static_cast<std::size_t>(odd)].rank);
+                              peers_[static_cast<std::size_t>(odd)].rank);
       return st;
     } else {
       (void)send, (void)recv, (void)count, (void)red, (void)until;
@@ -174,7 +173,7 @@ class comm_shared : public comm_algorithms<Transports...> {
           return w.get();
       }
     }
-    return static_cast<std::conditional_t<has_direct, direct_t, int>*>(nullptr);
+    return static_cast<group_t*>(nullptr);
   }
 
   // In place on a shared window: every rank passed the same offset in its own
@@ -188,9 +187,10 @@ class comm_shared : public comm_algorithms<Transports...> {
       status st = w.allreduce_window(static_cast<std::size_t>(data - w.window_data()), count, red,
                                      red.needs_divide ? size_ : 0, until, hdr_.active ? tag : nullptr, sizeof tag, &odd);
       if (st.code() == errc::mismatch && odd >= 0) {
-        return status(errc::mismatch, mismatch_error(hdr_.expect, rank_, call_header::decode(w.tag_of(odd)),
-                                                             peers_[static_cast<std::size_t>(odd)].rank).message() +
-                                          " (or another range of the alloc_shared() window: every rank must pass the same offset)");
+        const status m = mismatch_error(hdr_.expect, rank_, call_header::decode(w.tag_of(odd)),
+                                        peers_[static_cast<std::size_t>(odd)].rank);
+        return status(errc::mismatch, m.message() + " (or another range of the alloc_shared() window: every rank "
+                                                    "must pass the same offset)");
       }
       return st;
     } else {
@@ -199,9 +199,16 @@ class comm_shared : public comm_algorithms<Transports...> {
     }
   }
 
-  std::vector<std::unique_ptr<std::conditional_t<has_direct, direct_t, int>>> windows_;  // alloc_shared()
+  // The wait policy of the node-wide groups (CCLITE_SHM_SPIN_US, as the shm links).
+  static result<std::chrono::microseconds> spin_from_env() {
+    auto spin = env::get_int("SHM_SPIN_US", 10, false);
+    if (!spin) return spin.error();
+    return std::chrono::microseconds(spin.value());
+  }
+
+  std::vector<std::unique_ptr<group_t>> windows_;  // alloc_shared()
   int windows_made_ = 0;  // names each window's segments (ids are never reused)
-  std::unique_ptr<std::conditional_t<has_direct, direct_t, int>> direct_;
+  std::unique_ptr<group_t> direct_;
   std::size_t direct_bytes_ = 1 << 20;  // CCLITE_SHM_DIRECT_BUFFSIZE
 };
 
