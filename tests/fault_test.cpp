@@ -90,6 +90,133 @@ TEST_CASE("mismatched counts dtypes ops collectives and roots give mismatch on e
   }
 }
 
+TEST_CASE("shm-direct's small allreduce: mismatches are seen at once once the node-wide group exists") {
+  // After the first small allreduce, small ones skip the links: the call
+  // header rides in the group's slots, and a rank that took the links instead
+  // is found through the link from its ring successor (shm/direct.hpp).
+  for (int size : {2, 3, 4}) {
+    auto warm = [](default_communicator& c) {
+      float w = 1;
+      return c.allreduce(&w, 1);  // builds the group
+    };
+    expect_mismatch(size, net::shm_only, "small count", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(4, 1.0f);
+      return c.allreduce(v.data(), odd ? 3 : 2);
+    }, false, {"allreduce(count=2, float, sum)", "allreduce(count=3, float, sum)"});
+    expect_mismatch(size, net::shm_only, "small op", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<std::int64_t> v(16, 1);
+      return c.allreduce(v.data(), v.size(), odd ? reduce_op::max : reduce_op::sum);
+    }, false, {"max", "sum"});
+    expect_mismatch(size, net::shm_only, "small vs large", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(1u << 18, 1.0f);
+      return c.allreduce(v.data(), odd ? v.size() : 8);
+    }, false, {"allreduce(count=8, float, sum)", "allreduce(count=262144, float, sum)"});
+    expect_mismatch(size, net::shm_only, "large vs small", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(1u << 18, 1.0f);
+      return c.allreduce(v.data(), odd ? 8 : v.size());
+    });
+    expect_mismatch(size, net::shm_only, "small vs broadcast", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(4, 1.0f);
+      return odd ? c.broadcast(v.data(), v.size(), 0) : c.allreduce(v.data(), v.size());
+    }, false, {"broadcast(count=4, float, root=0)", "allreduce(count=4, float, sum)"});
+    expect_mismatch(size, net::shm_only, "small vs barrier", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      float x = 1;
+      return odd ? c.barrier() : c.allreduce(&x, 1);
+    });
+  }
+}
+
+TEST_CASE("a rank waiting in shm-direct learns of the others' failure through its links, alive or not") {
+  // Ranks 0 and 1 take the small path, rank 2 the two-step shm-direct one
+  // (it called another count). The small-path ranks find the mismatch, record
+  // it and close their links, but stay alive until rank 2 has returned: rank
+  // 2 must learn of it through its closed links, not from their exit nor at
+  // its deadline (10 minutes here; the test's hang guard is 60 s).
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      3,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        std::vector<float> v(1u << 16, 1.0f);
+        MP_REQUIRE_OK(c->allreduce(v.data(), 1));  // builds the group
+        status st = c->allreduce(v.data(), rank == 2 ? v.size() : 8);
+        if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d: got %s\n", rank, st.to_string().c_str());
+        MP_CHECK(st.code() == errc::mismatch);
+        MP_CHECK(contains(st, "allreduce(count=65536, float, sum)"));
+        if (rank == 2) MP_REQUIRE_OK(kv->set("test/returned", "1"));
+        else MP_REQUIRE_OK(kv->get("test/returned", deadline::after(milliseconds(120000))));
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(net::shm_only, rank, 3);
+        ::setenv("CCLITE_ALGO", "direct", 1);
+        ::setenv("CCLITE_TIMEOUT", "600", 1);
+      });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+}
+
+TEST_CASE("shm-direct's small allreduce: results, check off, and a rank that stops calling") {
+  for (const char* check : {"1", "0"}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        3,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          for (int i = 0; i < 200; ++i) {  // every size up to the 1 KiB limit and past it
+            const std::size_t n = 1 + static_cast<std::size_t>(i) * 7 % 300;
+            std::vector<std::int32_t> v(n);
+            for (std::size_t k = 0; k < n; ++k) v[k] = static_cast<std::int32_t>(k) * (rank + 1) + i;
+            MP_REQUIRE_OK(c->allreduce(v.data(), n));
+            for (std::size_t k = 0; k < n; ++k) MP_CHECK(v[k] == static_cast<std::int32_t>(k) * 6 + 3 * i);
+            double m = rank + 0.5 * i;
+            MP_REQUIRE_OK(c->allreduce(&m, &m, 1, dtype::float64, reduce_op::max));
+            MP_CHECK(m == 2 + 0.5 * i);
+          }
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(net::shm_only, rank, 3);
+          ::setenv("CCLITE_CHECK_MISMATCH", check, 1);
+        });
+    INFO("CCLITE_CHECK_MISMATCH=", check, ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      3,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz, comm_options{milliseconds(4000)});
+        const std::string missing = c->peer(2).describe();
+        float v = 1;
+        MP_REQUIRE_OK(c->allreduce(&v, 1));  // builds the group
+        if (rank == 2) {  // alive, never calls again, until both others are done
+          auto done = kv->get("test/done/1", deadline::after(milliseconds(50000)));
+          done = kv->get("test/done/0", deadline::after(milliseconds(50000)));
+          return 0;
+        }
+        status st = c->allreduce(&v, 1);
+        MP_REQUIRE_OK(kv->set("test/done/" + std::to_string(rank), "1"));
+        if (!contains(st, missing)) std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+        MP_CHECK(st.code() == errc::timeout);
+        MP_CHECK(contains(st, missing));
+        MP_CHECK(contains(st, "allreduce #2"));
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) { test::set_net_env(net::shm_only, rank, 3); });
+  INFO("a rank that stops calling: ", r.describe());
+  CHECK(r.all_ok());
+}
+
 TEST_CASE("per-rank counts of allgatherv are not a mismatch and the check can be turned off") {
   for (const char* check : {"1", "0"}) {
     test::temp_dir dir;

@@ -481,6 +481,39 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     }, link_at(prev));
   }
 
+  // What the link to `peer` says without blocking: ok, or why it is unusable
+  // (closed by the peer, corrupt).
+  status link_status(int peer) {
+    return std::visit([&](auto& l) -> status {
+      if constexpr (std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) return {};
+      else return l.poll();
+    }, link_at(peer));
+  }
+
+  // A call that skipped the links (shm-direct's small allreduce, header
+  // `mine`) while `peer` sent something down its link: the peer called
+  // something else. A link the peer closed is its error (it failed and
+  // recorded why: the caller's error path reports that). Never blocks; ok
+  // while the link is empty.
+  status stray_on_link(int peer, const call_header& mine) {
+    return std::visit([&](auto& l) -> status {
+      if constexpr (std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) {
+        return {};
+      } else {
+        CCLITE_TRY(l.poll());
+        const_bytes b = l.recv_peek();
+        if (b.size == 0) return {};
+        call_header theirs;
+        if (b.size >= call_header::wire_bytes) theirs = call_header::decode(b.data);
+        else theirs.magic = 0;  // not a whole header: "something else"
+        status m = mismatch_error(mine, rank_, theirs, peer);
+        if (theirs != mine) return m;
+        return status(errc::mismatch, m.message() + " (the same call, but it took the links where this rank took "
+                      "shm-direct's small path: CCLITE_ALGO and CCLITE_SHM_SMALL_MAX must agree on every rank)");
+      }
+    }, link_at(peer));
+  }
+
   // A fatal error on this rank (`st`, already prefixed with `call`): makes
   // every rank report the job's first failure rather than its own echo of it.
   // The first rank to fail records its error in the store; later ones (ranks

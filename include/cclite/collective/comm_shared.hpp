@@ -147,13 +147,55 @@ class comm_shared : public comm_algorithms<Transports...> {
       hdr_.out.encode(tag);
       int odd = -1;
       status st = direct_->allreduce(send, recv, count, red, red.needs_divide ? size_ : 0, until,
-                                     hdr_.active ? tag : nullptr, sizeof tag, &odd);
+                                     hdr_.active ? tag : nullptr, sizeof tag, &odd, links_open());
       if (st.code() == errc::mismatch && odd >= 0)
         return mismatch_error(hdr_.expect, rank_, call_header::decode(direct_->tag_of(odd)),
                               peers_[static_cast<std::size_t>(odd)].rank);
       return st;
     } else {
       (void)send, (void)recv, (void)count, (void)red, (void)until;
+      return make_error(errc::unsupported, "shm-direct needs the shm transport");
+    }
+  }
+
+  // The largest allreduce shm-direct's small path takes (the default of
+  // CCLITE_SHM_SMALL_MAX), or 0 without shm.
+  static constexpr std::size_t small_direct_max = [] {
+    if constexpr (has_direct) return group_t::small_max_bytes;
+    else return std::size_t(0);
+  }();
+
+  // Small allreduces on one node, once the node-wide group exists: no link
+  // traffic at all. The call header travels in the group's slot beside the
+  // data (shm/direct.hpp, "Small allreduces") and the ranks compare it there.
+  // Every rank decides alike: the group is built by the same call everywhere
+  // (the first small one goes through dispatch()) and the size is in the
+  // header. A peer that called something else took the links and sent its
+  // header down its link: the wait looks at the link from the ring
+  // predecessor, and a ring holding ranks of both kinds has one of ours right
+  // after one of theirs, which reports the mismatch and wakes the rest.
+  bool small_direct_ready(const op_desc& d) const {
+    return direct_ && d.kind == collective_kind::allreduce && select_.small_direct(d.count * size_of(d.type));
+  }
+
+  // `h`: this call's header, or null when checking is off.
+  status run_small_allreduce(const op_desc& d, const call_header* h, deadline until) {
+    if constexpr (has_direct) {
+      const reduction red = reduction_for(d.type, d.op);
+      std::uint8_t tag[call_header::wire_bytes];
+      if (h) h->encode(tag);
+      int odd = -1;
+      const int prev = this->topo_.ring_prev(rank_);
+      auto probe = [&]() -> status { return h ? this->stray_on_link(prev, *h) : status{}; };
+      status st = direct_->allreduce_small(static_cast<const std::uint8_t*>(d.send), static_cast<std::uint8_t*>(d.recv),
+                                           d.count, red, red.needs_divide ? size_ : 0, until, h ? tag : nullptr,
+                                           &odd, probe);
+      if (st.code() == errc::mismatch && odd >= 0 && h)
+        return mismatch_error(*h, rank_, call_header::decode(direct_->small_tag_of(odd)),
+                              peers_[static_cast<std::size_t>(odd)].rank);
+      return st;
+    } else {
+      (void)d, (void)h, (void)until;
       return make_error(errc::unsupported, "shm-direct needs the shm transport");
     }
   }
@@ -185,7 +227,8 @@ class comm_shared : public comm_algorithms<Transports...> {
       hdr_.out.encode(tag);
       int odd = -1;
       status st = w.allreduce_window(static_cast<std::size_t>(data - w.window_data()), count, red,
-                                     red.needs_divide ? size_ : 0, until, hdr_.active ? tag : nullptr, sizeof tag, &odd);
+                                     red.needs_divide ? size_ : 0, until, hdr_.active ? tag : nullptr, sizeof tag, &odd,
+                                     links_open());
       if (st.code() == errc::mismatch && odd >= 0) {
         const status m = mismatch_error(hdr_.expect, rank_, call_header::decode(w.tag_of(odd)),
                                         peers_[static_cast<std::size_t>(odd)].rank);
@@ -197,6 +240,14 @@ class comm_shared : public comm_algorithms<Transports...> {
       (void)w, (void)data, (void)count, (void)red, (void)until;
       return make_error(errc::unsupported, "shared windows need the shm transport");
     }
+  }
+
+  // The probe of shm-direct's waits: a rank that failed (a mismatch it found,
+  // an abort) closes its links and records why; the ring successor sees the
+  // closed link here, within 10 ms, and reports that record, instead of
+  // waiting out its deadline for a rank that is alive but gone elsewhere.
+  auto links_open() {
+    return [this, prev = this->topo_.ring_prev(rank_)]() -> status { return this->link_status(prev); };
   }
 
   // The wait policy of the node-wide groups (CCLITE_SHM_SPIN_US, as the shm links).

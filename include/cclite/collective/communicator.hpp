@@ -65,7 +65,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
   using core::check_mismatch_; using core::hdr_; using core::coll_seq_;
   using core::has_direct; using core::direct_bytes_; using core::hold_links; using core::windows_;
   using core::window_min_bytes; using core::window_of; using core::run_window_allreduce;
-  using core::run_direct_allreduce;
+  using core::run_direct_allreduce; using core::small_direct_max;
 
  public:
 
@@ -297,7 +297,12 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     auto piece = env::get_int("SHM_DIRECT_BUFFSIZE", 1 << 20, false);
     if (!piece) return piece.error();
     direct_bytes_ = static_cast<std::size_t>(std::max<std::int64_t>(4096, piece.value()));
-    select_.set_direct(has_direct, direct_bytes_);
+    auto small = env::get_int("SHM_SMALL_MAX", static_cast<std::int64_t>(small_direct_max), false);
+    if (!small) return small.error();
+    if (small.value() < 0 || small.value() > static_cast<std::int64_t>(small_direct_max))
+      return make_error(errc::invalid_argument, "CCLITE_SHM_SMALL_MAX=%lld is out of range (0 .. %zu bytes; 0 turns "
+                        "shm-direct's small allreduce off)", static_cast<long long>(small.value()), small_direct_max);
+    select_.set_direct(has_direct, direct_bytes_, static_cast<std::size_t>(small.value()));
     return {};
   }
 
@@ -410,6 +415,12 @@ class communicator final : private detail::comm_shared<Transports...>, private d
   // dispatch() between the call-header exchange with the ring neighbours
   // (collective/mismatch.hpp); `started` = our header went out.
   status dispatch_checked(const op_desc& d, bool& started, deadline until) {
+    if (this->small_direct_ready(d)) {  // no link traffic: the header rides with the data
+      started = true;
+      detail::call_header h;
+      if (check_mismatch_) h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
+      return this->run_small_allreduce(d, check_mismatch_ ? &h : nullptr, until);
+    }
     if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d, until);
     started = true;
     status st = this->begin_checks(detail::make_call_header(d, size_, ++coll_seq_, comm_id_), until);
@@ -435,6 +446,9 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     switch (d.kind) {
       case collective_kind::allreduce:
         if (n == 1) return local_copy(send, recv, bytes);
+        // The first small call builds the node-wide group (later ones take
+        // dispatch_checked's small path, ahead of the header exchange).
+        if (select_.small_direct(bytes)) return this->run_direct_allreduce(send, recv, d.count, red, until);
         if (send == recv && bytes > window_min_bytes && !windows_.empty()) {
           if (auto* w = window_of(recv, bytes)) return run_window_allreduce(*w, recv, d.count, red, until);
         }

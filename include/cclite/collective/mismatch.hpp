@@ -16,6 +16,12 @@
 // only once its ring predecessor entered it. CCLITE_CHECK_MISMATCH=0 turns it
 // off (then a mismatch hangs until the deadline or corrupts, as in NCCL).
 //
+// Calls that skip the links compare the header where their data is: the
+// shm-direct allreduce and the shared windows in the group's segments, and
+// shm-direct's small allreduce (comm_shared.hpp) in the slot beside its data,
+// where a peer that took the links instead is found by its header arriving
+// down the link.
+//
 // Point-to-point calls (send/recv/sendrecv) carry no header: their matching is
 // the stream order, and they do not advance the collective number.
 //

@@ -132,11 +132,22 @@ class algorithm_selector {
   /// Whether shm-direct applies: the communicator has a transport offering a
   /// node-wide group, all ranks share one node, and every link is shm.
   /// `piece`: the bytes one shm-direct step moves (CCLITE_SHM_DIRECT_BUFFSIZE).
-  void set_direct(bool compiled_in, std::size_t piece) {
+  /// `small_max`: allreduces up to this many bytes take shm-direct's
+  /// one-synchronisation small path (CCLITE_SHM_SMALL_MAX; 0: never).
+  void set_direct(bool compiled_in, std::size_t piece, std::size_t small_max = 0) {
     direct_ = compiled_in && nodes_ == 1 && local_ > 1 && link_kind_ == "shm";
     direct_piece_ = piece;
+    small_max_ = small_max;
   }
   bool direct_possible() const noexcept { return direct_; }
+  /// Whether an allreduce of `bytes` takes shm-direct's small path: one node
+  /// over shm, at most small_max bytes, and CCLITE_ALGO does not name another
+  /// algorithm for allreduce. It depends on the call's size only, so every
+  /// rank of a call decides alike.
+  bool small_direct(std::size_t bytes) const noexcept {
+    const algorithm f = forced_[static_cast<int>(collective_kind::allreduce)];
+    return direct_ && bytes <= small_max_ && (f == algorithm::automatic || f == algorithm::direct);
+  }
 
   /// The algorithm for one call of `k` moving `bytes` per rank on `n` ranks.
   algorithm choose(collective_kind k, std::size_t bytes, int n) const noexcept {
@@ -184,6 +195,7 @@ class algorithm_selector {
   int nodes_ = 1, local_ = 0;
   bool direct_ = false;
   std::size_t direct_piece_ = 1 << 20;
+  std::size_t small_max_ = 0;
   std::string link_kind_ = "shm";
   cost_model cost_;
 };

@@ -30,6 +30,16 @@
 // window; after (4) every window holds the whole result. Per member: S bytes
 // read, S written, the least an allreduce can move.
 //
+// Small allreduces (allreduce_small, at most small_max_bytes): one all-member
+// synchronisation instead of two. Each member writes its data, its tag (the
+// caller's call header) and then the call's number into one slot of its
+// header page, the first 16 data bytes sharing the cache line of the number,
+// and reduces every member's slot itself, in member order. An 8-byte call
+// moves one cache line per member and direction, where a FIFO hand-off moves
+// three (head index, data, header). Two slots alternate by call parity: a
+// member rewrites a slot only two calls later, after everyone published the
+// next call, i.e. after everyone finished reading this one.
+//
 // Waits poll the peers' counters (they are a few cache lines), then yield,
 // then sleep in short slices, checking the deadline, the abort flag and the
 // peers' liveness: a killed member is peer_lost, never a hang.
@@ -151,6 +161,13 @@ class direct_group {
   }
 
  public:
+  /// The default probe of the waits below (`probe()`: called every 10 ms
+  /// once a wait stops spinning; a status other than ok ends the wait with
+  /// it): nothing to look at.
+  struct no_probe {
+    status operator()() const { return {}; }
+  };
+
   std::size_t capacity() const noexcept { return cap_; }
   /// The tag member `m` published with its last allreduce (see allreduce()).
   const std::uint8_t* tag_of(int m) const { return tag_slot(m); }
@@ -165,9 +182,10 @@ class direct_group {
   /// elem) become the reduction of that range across all members. Members
   /// must pass the same offset and count: both are compared (with `tag`, as
   /// in allreduce()) before anything is read, a difference is errc::mismatch.
+  template <class Probe = no_probe>
   status allreduce_window(std::size_t offset, std::size_t count, const reduction& red, int divide_by,
                           deadline until, const std::uint8_t* tag = nullptr, std::size_t tag_bytes = 0,
-                          int* odd = nullptr) {
+                          int* odd = nullptr, Probe probe = Probe{}) {
     const std::size_t elem = red.elem_size, L = members_.size();
     if (!window_ || offset > cap_ || count > (cap_ - offset) / elem || offset % elem)
       return make_error(errc::invalid_argument, "shm window: range outside the window or misaligned");
@@ -180,7 +198,7 @@ class direct_group {
     const std::uint64_t step = ++step_;
     std::memcpy(tag_slot(me_), mine, max_tag_bytes);
     counter(me_, 0).store(step, std::memory_order_release);
-    CCLITE_TRY(wait_all(0, step, until));
+    CCLITE_TRY(wait_all(0, step, until, probe));
     CCLITE_TRY(compare_tags(mine, max_tag_bytes, odd));
     const segments slices{count, L};
     const std::size_t first = slices.offset(static_cast<std::size_t>(me_)), len = slices.length(static_cast<std::size_t>(me_));
@@ -204,8 +222,56 @@ class direct_group {
         if (at_(static_cast<int>(m), at) != out) std::memcpy(at_(static_cast<int>(m), at), out, n * elem);
     }
     counter(me_, 1).store(step, std::memory_order_release);
-    return wait_all(1, step, until);
+    return wait_all(1, step, until, probe);
   }
+
+  /// Largest call allreduce_small() takes, in bytes.
+  static constexpr std::size_t small_max_bytes = 1024;
+
+  /// recv = reduction of every member's send (count x elem <= small_max_bytes;
+  /// send may equal recv) with one synchronisation; see "Small allreduces"
+  /// above. `tag` (at most small_tag_bytes, or null) is compared across
+  /// members before any data is read, as in allreduce(). `probe()` is called
+  /// now and then while waiting for a member: a status other than ok ends the
+  /// wait with it (the communicator looks for a peer that took another path).
+  static constexpr std::size_t small_tag_bytes = 32;
+  template <class Probe>
+  status allreduce_small(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, const reduction& red,
+                         int divide_by, deadline until, const std::uint8_t* tag, int* odd, Probe&& probe) {
+    const std::size_t elem = red.elem_size, L = members_.size(), bytes = count * elem;
+    if (bytes > small_max_bytes) return make_error(errc::invalid_argument, "shm-direct: small call over 1 KiB");
+    const std::uint64_t step = ++small_step_;
+    const int parity = static_cast<int>(step & 1);
+    std::uint8_t* mine = small_slot(me_, parity);
+    if (bytes) std::memcpy(mine + small_data_at, send, bytes);
+    if (tag) std::memcpy(mine + 8, tag, small_tag_bytes);
+    small_seq(me_, parity).store(step, std::memory_order_release);
+    auto behind = [&]() {
+      for (std::size_t m = 0; m < L; ++m)
+        if (small_seq(static_cast<int>(m), parity).load(std::memory_order_acquire) != step) return static_cast<int>(m);
+      return -1;
+    };
+    CCLITE_TRY(wait_until(behind, probe, "entered this call", until));
+    if (tag) {
+      for (std::size_t m = 0; m < L; ++m) {
+        if (std::memcmp(small_slot(static_cast<int>(m), parity) + 8, tag, small_tag_bytes) == 0) continue;
+        if (odd) *odd = static_cast<int>(m);
+        return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
+      }
+    }
+    if (L == 1 || !bytes) {
+      if (bytes && recv != send) std::memcpy(recv, send, bytes);
+      return {};
+    }
+    // Member order on every member: the same bits everywhere. The slots stay
+    // valid until this member publishes its next call (see above).
+    red.copy(recv, small_slot(0, parity) + small_data_at, small_slot(1, parity) + small_data_at, count);
+    for (std::size_t m = 2; m < L; ++m) red.inplace(recv, small_slot(static_cast<int>(m), parity) + small_data_at, count);
+    if (divide_by > 0) red.divide(recv, count, divide_by);
+    return {};
+  }
+  /// What allreduce_small() read from member `m`'s tag in the last call.
+  const std::uint8_t* small_tag_of(int m) const { return small_slot(m, static_cast<int>(small_step_ & 1)) + 8; }
 
   /// recv = reduction of every member's send (count elements); send may equal
   /// recv. Collective over the group; pieces of at most capacity() bytes.
@@ -214,9 +280,10 @@ class direct_group {
   /// piece and compares everyone's before reading any input, so members that
   /// called different things all return errc::mismatch, with `*odd` = a member
   /// whose tag differs (tag_of() reads it), instead of reducing garbage.
+  template <class Probe = no_probe>
   status allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, const reduction& red,
                    int divide_by, deadline until, const std::uint8_t* tag = nullptr, std::size_t tag_bytes = 0,
-                   int* odd = nullptr) {
+                   int* odd = nullptr, Probe probe = Probe{}) {
     const std::size_t elem = red.elem_size, L = members_.size();
     const std::size_t piece = cap_ / elem;
     for (std::size_t at = 0; at < count; at += piece) {
@@ -225,7 +292,7 @@ class direct_group {
       std::memcpy(input(me_), send + at * elem, n * elem);
       if (tag && at == 0) std::memcpy(tag_slot(me_), tag, std::min(tag_bytes, max_tag_bytes));
       counter(me_, 0).store(step, std::memory_order_release);
-      CCLITE_TRY(wait_all(0, step, until));
+      CCLITE_TRY(wait_all(0, step, until, probe));
       if (tag && at == 0) CCLITE_TRY(compare_tags(tag, tag_bytes, odd));
       const segments slices{n, L};
       const std::size_t off = slices.offset(static_cast<std::size_t>(me_)), len = slices.length(static_cast<std::size_t>(me_));
@@ -237,7 +304,7 @@ class direct_group {
         if (divide_by > 0) red.divide(out, len, divide_by);
       }
       counter(me_, 1).store(step, std::memory_order_release);
-      CCLITE_TRY(wait_all(1, step, until));
+      CCLITE_TRY(wait_all(1, step, until, probe));
       for (std::size_t m = 0; m < L; ++m) {
         const std::size_t o = slices.offset(m), l = slices.length(m);
         if (l) std::memcpy(recv + (at + o) * elem, output(static_cast<int>(m)) + o * elem, l * elem);
@@ -274,11 +341,36 @@ class direct_group {
     return *reinterpret_cast<std::atomic<std::uint32_t>*>(base(m) + 96);
   }
   std::uint8_t* output(int m) const { return base(m) + header_bytes + cap_; }
+  // allreduce_small's slots, in the header page after the counters: the
+  // call's number (8 bytes), the tag (32), 8 spare, then the data, whose first
+  // 16 bytes share the number's cache line.
+  static constexpr std::size_t small_area_at = 1024, small_data_at = 48;
+  static constexpr std::size_t small_slot_bytes = align_up(small_data_at + small_max_bytes, 64);
+  static_assert(small_area_at + 2 * small_slot_bytes <= header_bytes, "small slots overflow the header page");
+  std::uint8_t* small_slot(int m, int parity) const {
+    return base(m) + small_area_at + static_cast<std::size_t>(parity) * small_slot_bytes;
+  }
+  std::atomic<std::uint64_t>& small_seq(int m, int parity) const {
+    return *reinterpret_cast<std::atomic<std::uint64_t>*>(small_slot(m, parity));
+  }
 
   // Until every member's counter `which` reached `step`. A member that last
   // waited on our CPU needs it to catch up: we poll with sched_yield() rather
   // than spin then (shm::link::wait does the same).
-  status wait_all(int which, std::uint64_t step, deadline until) const {
+  template <class Probe>
+  status wait_all(int which, std::uint64_t step, deadline until, Probe&& probe) const {
+    auto behind = [&]() {
+      for (std::size_t m = 0; m < members_.size(); ++m)
+        if (counter(static_cast<int>(m), which).load(std::memory_order_acquire) < step) return static_cast<int>(m);
+      return -1;
+    };
+    return wait_until(behind, probe, which == 0 ? "published its piece" : "reduced its slice", until);
+  }
+
+  // Until behind() (a member not there yet, or -1) is -1; probe() is
+  // consulted with the liveness checks, every 10 ms once the spin is over.
+  template <class Behind, class Probe>
+  status wait_until(Behind&& behind_of, Probe&& probe, const char* what, deadline until) const {
     const auto start = clock::now();
     auto last_check = start;
     int rounds = 0;
@@ -286,9 +378,7 @@ class direct_group {
     const std::uint32_t mine = c < 0 ? 0 : static_cast<std::uint32_t>(c) + 1;
     if (mine && cpu_slot(me_).load(std::memory_order_relaxed) != mine) cpu_slot(me_).store(mine, std::memory_order_relaxed);
     for (;;) {
-      int behind = -1;
-      for (std::size_t m = 0; m < members_.size() && behind < 0; ++m)
-        if (counter(static_cast<int>(m), which).load(std::memory_order_acquire) < step) behind = static_cast<int>(m);
+      const int behind = behind_of();
       if (behind < 0) return {};
       const auto now = clock::now();
       if (now - start < spin_) {
@@ -300,13 +390,13 @@ class direct_group {
         return make_error(errc::aborted, "shm-direct: aborted");
       if (now - last_check > std::chrono::milliseconds(10)) {
         last_check = now;
+        CCLITE_TRY(probe());
         for (const member& m : members_)
           if (!detail::process_alive(m.watch_pid))
             return make_error(errc::peer_lost, "shm-direct: %s is gone (process exited or was killed)", m.name.c_str());
         if (until.expired()) {
-          return make_error(errc::timeout, "shm-direct: %s has not %s piece %llu after %.1f s",
-                            members_[static_cast<std::size_t>(behind)].name.c_str(),
-                            which == 0 ? "published" : "reduced", static_cast<unsigned long long>(step),
+          return make_error(errc::timeout, "shm-direct: %s has not %s after %.1f s",
+                            members_[static_cast<std::size_t>(behind)].name.c_str(), what,
                             std::chrono::duration<double>(now - start).count());
         }
       }
@@ -324,6 +414,7 @@ class direct_group {
   int me_ = 0;
   std::size_t cap_ = 0;
   std::uint64_t step_ = 0;
+  std::uint64_t small_step_ = 0;  // allreduce_small's calls
   bool window_ = false;
   std::vector<std::uint8_t> scratch_;  // allreduce_window, member >= 2: one piece
   const std::atomic<bool>* aborted_ = nullptr;
