@@ -163,7 +163,7 @@ TEST_CASE("a rank waiting in shm-direct learns of the others' failure through it
   CHECK(r.all_ok());
 }
 
-TEST_CASE("shm-direct's small allreduce: results, check off, and a rank that stops calling") {
+TEST_CASE("shm-direct's small allreduce: results, barriers, check off, and a rank that stops calling") {
   for (const char* check : {"1", "0"}) {
     test::temp_dir dir;
     auto r = test::run_ranks(
@@ -180,6 +180,15 @@ TEST_CASE("shm-direct's small allreduce: results, check off, and a rank that sto
             double m = rank + 0.5 * i;
             MP_REQUIRE_OK(c->allreduce(&m, &m, 1, dtype::float64, reduce_op::max));
             MP_CHECK(m == 2 + 0.5 * i);
+          }
+          // A barrier (an allreduce of nothing on this path) holds every rank
+          // until all arrived: what each rank wrote before it is there after.
+          for (int i = 0; i < 20; ++i) {
+            if (i % 3 == rank) ::usleep(3000);  // a different late rank each time
+            MP_REQUIRE_OK(kv->set("b/" + std::to_string(i) + "/" + std::to_string(rank), "1"));
+            MP_REQUIRE_OK(c->barrier());
+            for (int p = 0; p < sz; ++p)
+              MP_CHECK(kv->get("b/" + std::to_string(i) + "/" + std::to_string(p), deadline::after(milliseconds(0))).ok());
           }
           return 0;
         },

@@ -130,17 +130,26 @@ class comm_shared : public comm_algorithms<Transports...> {
 
   // The node-wide group is built on first use (every rank of a one-node job
   // takes this path for the same call, so the set-up is collective).
+  status ensure_direct(deadline until) {
+    if constexpr (has_direct) {
+      if (direct_) return {};
+      CCLITE_TRY(this->agree_on_call(until));  // the set-up below waits for every rank
+      auto spin = spin_from_env();
+      if (!spin) return spin.error();
+      auto g = direct_t::create(*this->kv_, tag_, peers_, rank_, direct_bytes_, &aborted_, spin.value(), until);
+      if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
+      direct_ = std::move(g.value());
+      return {};
+    } else {
+      (void)until;
+      return make_error(errc::unsupported, "shm-direct needs the shm transport");
+    }
+  }
+
   status run_direct_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
                               const reduction& red, deadline until) {
     if constexpr (has_direct) {
-      if (!direct_) {
-        CCLITE_TRY(this->agree_on_call(until));  // the set-up below waits for every rank
-        auto spin = spin_from_env();
-        if (!spin) return spin.error();
-        auto g = direct_t::create(*this->kv_, tag_, peers_, rank_, direct_bytes_, &aborted_, spin.value(), until);
-        if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
-        direct_ = std::move(g.value());
-      }
+      CCLITE_TRY(ensure_direct(until));
       // Peers' buffers are read directly, without links: the call headers are
       // compared in the group's segments instead (collective/mismatch.hpp).
       std::uint8_t tag[call_header::wire_bytes];
@@ -165,30 +174,40 @@ class comm_shared : public comm_algorithms<Transports...> {
     else return std::size_t(0);
   }();
 
-  // Small allreduces on one node, once the node-wide group exists: no link
-  // traffic at all. The call header travels in the group's slot beside the
-  // data (shm/direct.hpp, "Small allreduces") and the ranks compare it there.
-  // Every rank decides alike: the group is built by the same call everywhere
-  // (the first small one goes through dispatch()) and the size is in the
-  // header. A peer that called something else took the links and sent its
-  // header down its link: the wait looks at the link from the ring
+  // Small allreduces and barriers on one node (shm/direct.hpp, "Small
+  // allreduces"; a barrier is an allreduce of nothing). Once the node-wide
+  // group exists they need no link traffic at all (dispatch_checked takes
+  // this path ahead of the header exchange): the call header travels in the
+  // group's slot beside the data and the ranks compare it there. Every rank
+  // decides alike: the group is built by the same call everywhere (the first
+  // small call goes through dispatch(), over the links) and the size is in
+  // the header. A peer that called something else took the links and sent
+  // its header down its link: the wait looks at the link from the ring
   // predecessor, and a ring holding ranks of both kinds has one of ours right
   // after one of theirs, which reports the mismatch and wakes the rest.
-  bool small_direct_ready(const op_desc& d) const {
-    return direct_ && d.kind == collective_kind::allreduce && select_.small_direct(d.count * size_of(d.type));
+  bool small_direct(const op_desc& d) const {
+    if (d.kind == collective_kind::barrier) return select_.small_direct(0);
+    return d.kind == collective_kind::allreduce && select_.small_direct(d.count * size_of(d.type));
   }
+  bool small_direct_ready(const op_desc& d) const { return direct_ && small_direct(d); }
 
-  // `h`: this call's header, or null when checking is off.
-  status run_small_allreduce(const op_desc& d, const call_header* h, deadline until) {
+  // `h`: this call's header, or null when checking is off. `linkless`: the
+  // call sent nothing down the links (else its header went to the ring
+  // successor as usual, and the wait only looks for a closed link).
+  status run_small_allreduce(const op_desc& d, const call_header* h, bool linkless, deadline until) {
     if constexpr (has_direct) {
+      CCLITE_TRY(ensure_direct(until));
       const reduction red = reduction_for(d.type, d.op);
+      const std::size_t count = d.kind == collective_kind::barrier ? 0 : d.count;
       std::uint8_t tag[call_header::wire_bytes];
       if (h) h->encode(tag);
       int odd = -1;
       const int prev = this->topo_.ring_prev(rank_);
-      auto probe = [&]() -> status { return h ? this->stray_on_link(prev, *h) : status{}; };
+      auto probe = [&]() -> status {
+        return h && linkless ? this->stray_on_link(prev, *h) : this->link_status(prev);
+      };
       status st = direct_->allreduce_small(static_cast<const std::uint8_t*>(d.send), static_cast<std::uint8_t*>(d.recv),
-                                           d.count, red, red.needs_divide ? size_ : 0, until, h ? tag : nullptr,
+                                           count, red, red.needs_divide ? size_ : 0, until, h ? tag : nullptr,
                                            &odd, probe);
       if (st.code() == errc::mismatch && odd >= 0 && h)
         return mismatch_error(*h, rank_, call_header::decode(direct_->small_tag_of(odd)),

@@ -419,7 +419,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
       started = true;
       detail::call_header h;
       if (check_mismatch_) h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
-      return this->run_small_allreduce(d, check_mismatch_ ? &h : nullptr, until);
+      return this->run_small_allreduce(d, check_mismatch_ ? &h : nullptr, true, until);
     }
     if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d, until);
     started = true;
@@ -448,7 +448,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
         if (n == 1) return local_copy(send, recv, bytes);
         // The first small call builds the node-wide group (later ones take
         // dispatch_checked's small path, ahead of the header exchange).
-        if (select_.small_direct(bytes)) return this->run_direct_allreduce(send, recv, d.count, red, until);
+        if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
         if (send == recv && bytes > window_min_bytes && !windows_.empty()) {
           if (auto* w = window_of(recv, bytes)) return run_window_allreduce(*w, recv, d.count, red, until);
         }
@@ -474,6 +474,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
       }
       case collective_kind::barrier:
         if (n == 1) return {};
+        if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
         return ring([&](auto& pr) { return ring_barrier(pr, n, pos); });
       case collective_kind::reduce: {
         if (d.count && !send) return make_error(errc::invalid_argument, "reduce: null send buffer");
