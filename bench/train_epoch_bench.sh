@@ -69,7 +69,7 @@ launch() {
 run_once() {  # ranks batch
   launch "$bin/cclite-run" --nproc-per-node "$1" "$bin/train_fashion_mnist" --epochs "$epochs" --batch "$2" \
     --threads 1 --optimizer "$optimizer" ${first_kb:+--first-bucket-kb "$first_kb"} --split-kb "$split_kb" --no-eval --no-checkpoint \
-    --progress none --profile $TRAIN_ARGS > "$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
+    --progress none --profile ${TRAIN_ARGS:-} > "$tmp/out" 2>&1 || { cat "$tmp/out" >&2; exit 1; }
   e=$(grep -o 'epoch [0-9]*/[0-9]*: [0-9.]* s' "$tmp/out" | awk '{ print $3 }' | median)
   s=$(grep -o '([0-9.]* s in synchronize)' "$tmp/out" | tr -d '(' | awk '{ print $1 }' | median)
   [ -n "$s" ] || s=0

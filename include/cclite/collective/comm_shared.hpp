@@ -199,8 +199,9 @@ class comm_shared : public comm_algorithms<Transports...> {
       CCLITE_TRY(ensure_direct(until));
       const reduction red = reduction_for(d.type, d.op);
       const std::size_t count = d.kind == collective_kind::barrier ? 0 : d.count;
-      std::uint8_t tag[call_header::wire_bytes];
-      if (h) h->encode(tag);
+      static_assert(call_header::compact_bytes == group_t::small_tag_bytes, "small tag size");
+      std::uint8_t tag[call_header::compact_bytes];
+      if (h) h->encode_compact(tag);
       int odd = -1;
       const int prev = this->topo_.ring_prev(rank_);
       auto probe = [&]() -> status {
@@ -210,7 +211,7 @@ class comm_shared : public comm_algorithms<Transports...> {
                                            count, red, red.needs_divide ? size_ : 0, until, h ? tag : nullptr,
                                            &odd, probe);
       if (st.code() == errc::mismatch && odd >= 0 && h)
-        return mismatch_error(*h, rank_, call_header::decode(direct_->small_tag_of(odd)),
+        return mismatch_error(*h, rank_, call_header::decode_compact(direct_->small_tag_of(odd)),
                               peers_[static_cast<std::size_t>(odd)].rank);
       return st;
     } else {

@@ -92,6 +92,30 @@ struct call_header {
     return h;
   }
 
+  // The 16-byte form, for calls whose count fits 32 bits and that use
+  // neither root nor aux (shm-direct's small allreduce and barrier, which
+  // compare it beside their data): kind, dtype, op, count, seq and comm.
+  static constexpr std::size_t compact_bytes = 16;
+  void encode_compact(std::uint8_t* b) const {
+    std::memset(b, 0, compact_bytes);
+    b[0] = kind;
+    b[1] = type;
+    b[2] = op;
+    put(b + 4, count, 4);
+    put(b + 8, (seq & seq_mask) | (std::uint64_t(comm & 0xffffffu) << seq_bits), 8);
+  }
+  static call_header decode_compact(const std::uint8_t* b) {
+    call_header h;
+    h.kind = b[0];
+    h.type = b[1];
+    h.op = b[2];
+    h.count = get(b + 4, 4);
+    const std::uint64_t s = get(b + 8, 8);
+    h.seq = s & seq_mask;
+    h.comm = static_cast<std::uint32_t>(s >> seq_bits);
+    return h;
+  }
+
   /// "allreduce(count=1024, float, sum)", "broadcast(count=8, int32, root=1)".
   std::string describe() const {
     if (magic != magic_value) return "something else (no collective header: a point-to-point call or stray bytes)";

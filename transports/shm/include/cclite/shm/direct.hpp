@@ -32,8 +32,8 @@
 //
 // Small allreduces (allreduce_small, at most small_max_bytes): one all-member
 // synchronisation instead of two. Each member writes its data, its tag (the
-// caller's call header) and then the call's number into one slot of its
-// header page, the first 16 data bytes sharing the cache line of the number,
+// caller's call header, compacted) and then the call's number into one slot
+// of its header page, the first 40 data bytes sharing the number's line,
 // and reduces every member's slot itself, in member order. An 8-byte call
 // moves one cache line per member and direction, where a FIFO hand-off moves
 // three (head index, data, header). Two slots alternate by call parity: a
@@ -230,11 +230,11 @@ class direct_group {
 
   /// recv = reduction of every member's send (count x elem <= small_max_bytes;
   /// send may equal recv) with one synchronisation; see "Small allreduces"
-  /// above. `tag` (at most small_tag_bytes, or null) is compared across
+  /// above. `tag` (small_tag_bytes, or null) is compared across
   /// members before any data is read, as in allreduce(). `probe()` is called
   /// now and then while waiting for a member: a status other than ok ends the
   /// wait with it (the communicator looks for a peer that took another path).
-  static constexpr std::size_t small_tag_bytes = 32;
+  static constexpr std::size_t small_tag_bytes = 16;
   template <class Probe>
   status allreduce_small(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, const reduction& red,
                          int divide_by, deadline until, const std::uint8_t* tag, int* odd, Probe&& probe) {
@@ -342,9 +342,9 @@ class direct_group {
   }
   std::uint8_t* output(int m) const { return base(m) + header_bytes + cap_; }
   // allreduce_small's slots, in the header page after the counters: the
-  // call's number (8 bytes), the tag (32), 8 spare, then the data, whose first
-  // 16 bytes share the number's cache line.
-  static constexpr std::size_t small_area_at = 1024, small_data_at = 48;
+  // call's number (8 bytes), the tag (16), then the data, whose first 40
+  // bytes share the number's cache line (so calls up to 40 bytes move one line).
+  static constexpr std::size_t small_area_at = 1024, small_data_at = 8 + small_tag_bytes;
   static constexpr std::size_t small_slot_bytes = align_up(small_data_at + small_max_bytes, 64);
   static_assert(small_area_at + 2 * small_slot_bytes <= header_bytes, "small slots overflow the header page");
   std::uint8_t* small_slot(int m, int parity) const {
