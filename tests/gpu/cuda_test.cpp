@@ -20,6 +20,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -262,6 +264,74 @@ TEST_CASE("device_communicator without a device: clear status, CPU collectives g
     return 0;
   }, std::chrono::seconds(120), [](int rank) { test::set_net_env(test::net::shm_only, rank, 2); });
   CHECK_MESSAGE(r.all_ok(), r.describe());
+}
+
+TEST_CASE("device_communicator argument checks need no device") {
+  // What every device collective checks on the calling rank before anything is
+  // enqueued (both engines): pure functions, no CUDA call.
+  using cuda::detail::check_device_call;
+  int x[8] = {};
+  auto call = [&](collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
+                  int root) {
+    op_desc d;
+    d.kind = k;
+    d.send = send;
+    d.recv = recv;
+    d.count = count;
+    d.type = t;
+    d.op = op;
+    d.root = root;
+    return d;
+  };
+  auto bad = [](const status& s, const char* words) {
+    const bool ok = s.code() == errc::invalid_argument && contains(s.message(), words) &&
+                    contains(s.message(), "device_communicator rank 1: device ");
+    if (!ok) std::printf("cuda_test: expected invalid_argument with '%s', got %s\n", words, s.to_string().c_str());
+    return ok;
+  };
+  const auto f32 = dtype::float32;
+  const auto sum = reduce_op::sum;
+  CHECK(check_device_call(call(collective_kind::broadcast, x, x, 4, f32, sum, 1), 1, 2).ok());
+  CHECK(bad(check_device_call(call(collective_kind::broadcast, x, x, 4, f32, sum, 2), 1, 2), "broadcast: root 2"));
+  CHECK(bad(check_device_call(call(collective_kind::broadcast, nullptr, nullptr, 4, f32, sum, 0), 1, 2), "null"));
+  // broadcast does not reduce: its op is not looked at.
+  CHECK(check_device_call(call(collective_kind::broadcast, x, x, 4, f32, static_cast<reduce_op>(42), 0), 1, 2).ok());
+  CHECK(bad(check_device_call(call(collective_kind::reduce, x, x, 4, f32, static_cast<reduce_op>(42), 0), 1, 2),
+            "reduce: invalid reduce_op 42"));
+  CHECK(bad(check_device_call(call(collective_kind::reduce, x, x, 4, f32, sum, -1), 1, 2), "root -1"));
+  CHECK(bad(check_device_call(call(collective_kind::reduce, nullptr, x, 4, f32, sum, 0), 1, 2), "null send"));
+  // recv matters on the root only.
+  CHECK(check_device_call(call(collective_kind::reduce, x, nullptr, 4, f32, sum, 0), 1, 2).ok());
+  CHECK(bad(check_device_call(call(collective_kind::reduce, x, nullptr, 4, f32, sum, 1), 1, 2),
+            "null recv buffer on the root (rank 1)"));
+  CHECK(bad(check_device_call(call(collective_kind::allgather, x, nullptr, 4, f32, sum, 0), 1, 2), "allgather: null"));
+  CHECK(bad(check_device_call(call(collective_kind::reduce_scatter, x, x, 4, static_cast<dtype>(42), sum, 0), 1, 2),
+            "reduce_scatter: invalid dtype 42"));
+  CHECK(bad(check_device_call(call(collective_kind::allgather, x, x, SIZE_MAX / 16, f32, sum, 0), 1, 2), "overflows"));
+  // Nothing to do: null buffers are fine with count 0.
+  CHECK(check_device_call(call(collective_kind::allgather, nullptr, nullptr, 0, f32, sum, 0), 1, 2).ok());
+  CHECK(check_device_call(call(collective_kind::reduce, nullptr, nullptr, 0, f32, sum, 1), 1, 2).ok());
+  CHECK(check_device_call(call(collective_kind::reduce_scatter, x, x + 2, 2, f32, reduce_op::avg, 0), 1, 2).ok());
+}
+
+TEST_CASE("native engine chunking: the same cut on every rank, per rank for allgather / reduce_scatter") {
+  using cuda::detail::staged_chunk_elems;
+  // Whole-buffer collectives: chunk_bytes / element size.
+  CHECK(staged_chunk_elems(collective_kind::allreduce, dtype::float32, 8, 4u << 20).value() == (1u << 20));
+  CHECK(staged_chunk_elems(collective_kind::broadcast, dtype::float64, 8, 100).value() == 12);
+  CHECK(staged_chunk_elems(collective_kind::reduce, dtype::int8, 3, 64).value() == 64);
+  // allgather / reduce_scatter: one piece of every rank per chunk.
+  CHECK(staged_chunk_elems(collective_kind::allgather, dtype::float32, 2, 256u << 10).value() == (32u << 10));
+  CHECK(staged_chunk_elems(collective_kind::reduce_scatter, dtype::bfloat16, 3, 100).value() == 16);
+  CHECK(staged_chunk_elems(collective_kind::allgather, dtype::float64, 8, 64).value() == 1);
+  // A chunk too small for one element of each rank: a clear error with the fix.
+  auto small = staged_chunk_elems(collective_kind::reduce_scatter, dtype::float64, 9, 64);
+  REQUIRE(!small.ok());
+  CHECK(small.error().code() == errc::invalid_argument);
+  CHECK(contains(small.error().message(), "device reduce_scatter"));
+  CHECK(contains(small.error().message(), "chunk_bytes to at least 72"));
+  CHECK(cuda::detail::per_rank_pieces(collective_kind::allgather));
+  CHECK(!cuda::detail::per_rank_pieces(collective_kind::broadcast));
 }
 
 #if defined(CCLITE_HAS_NCCL)

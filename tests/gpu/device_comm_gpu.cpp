@@ -1,7 +1,15 @@
 // cclite::cuda::device_communicator on a GPU: 2 processes sharing the GPU
-// (native engine: pinned host staging + shm, host reduction in CUDA host
+// (native engine: pinned host staging + shm, host collectives in CUDA host
 // functions), then 1 process with the NCCL engine when built with NCCL.
 //   - stream-ordered allreduce, every dtype x op, bit for bit, ragged chunks
+//   - broadcast, reduce, allgather, reduce_scatter: every dtype (x op for reduce
+//     and reduce_scatter), stream-ordered (out of place) and blocking (in place),
+//     bit for bit against the host reference, each call spanning several staging
+//     chunks; roots alternate; a non-root's reduce recv stays untouched
+//   - the five collectives enqueued back to back on one stream without waiting
+//     in between (staging slots reused across kinds), results right after
+//   - argument checks (bad root, null buffer, bad dtype, mixed pointers) and host
+//     pointers taking the CPU path, for the new collectives
 //   - the stream-ordered call returns while the stream is still busy (a 300 ms
 //     host function ahead of it on the stream), and the result is right after
 //   - the blocking form routes by pointer: device -> staged, host -> CPU path,
@@ -69,6 +77,182 @@ int check_all(device_comm& dc, cudaStream_t s, const char* engine, int rank, int
   return failed;
 }
 
+struct dev {
+  cuda::device_buffer buf;
+  explicit dev(std::size_t bytes) {
+    auto b = cuda::device_buffer::allocate(bytes);
+    OR_DIE(b.ok() ? status() : b.error());
+    buf = std::move(b.value());
+  }
+  unsigned char* at(std::size_t byte_offset = 0) const { return buf.as<unsigned char>() + byte_offset; }
+};
+
+gt::bytes slice(const gt::bytes& b, std::size_t block, std::size_t block_bytes) {
+  return gt::bytes(b.begin() + static_cast<std::ptrdiff_t>(block * block_bytes),
+                   b.begin() + static_cast<std::ptrdiff_t>((block + 1) * block_bytes));
+}
+
+// Every rank's input(t, n, p) in rank order: allgather's result.
+gt::bytes gathered(dtype t, std::size_t n, int size) {
+  gt::bytes all;
+  for (int p = 0; p < size; ++p) {
+    const auto x = gt::input(t, n, p);
+    all.insert(all.end(), x.begin(), x.end());
+  }
+  return all;
+}
+
+// broadcast, reduce, allgather, reduce_scatter through `dc`: every dtype (x op
+// for the reducing ones), stream-ordered on `s` (out of place, uploads not
+// waited for: the call must order after them) and blocking (in place), against
+// the host reference; n elements per rank. Returns the number of failed cases.
+int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int rank, int size, std::size_t n) {
+  const auto un = static_cast<std::size_t>(size);
+  const auto me = static_cast<std::size_t>(rank);
+  dev a(n * un * 8), b(n * un * 8);
+  int failed = 0;
+  for (int ti = 0; ti < dtype_count; ++ti) {
+    const auto t = static_cast<dtype>(ti);
+    const std::size_t bytes = n * size_of(t);
+    // input(t, n, p) is the first n elements of input(t, n * size, p), so one
+    // reference serves reduce (its prefix) and reduce_scatter (this rank's block).
+    std::vector<gt::bytes> ref;
+    for (int oi = 0; oi < reduce_op_count; ++oi) ref.push_back(gt::reduced(t, static_cast<reduce_op>(oi), n * un, size));
+    const gt::bytes mine = gt::input(t, n, rank), mine_all = gt::input(t, n * un, rank);
+    const char* names[4] = {"broadcast", "reduce", "allgather", "reduce_scatter"};
+    std::size_t wrong[4][2] = {};  // [collective][stream-ordered, blocking]
+    for (int form = 0; form < 2; ++form) {
+      const bool blocking = form == 1;
+      // The blocking form needs its device data ready before the call.
+      auto up = [&](void* d, const gt::bytes& h) {
+        GPU(cudaMemcpyAsync(d, h.data(), h.size(), cudaMemcpyHostToDevice, s));
+        if (blocking) GPU(cudaStreamSynchronize(s));
+      };
+      auto down = [&](const void* d, std::size_t nbytes) {
+        gt::bytes h(nbytes);
+        GPU(cudaMemcpyAsync(h.data(), d, nbytes, cudaMemcpyDeviceToHost, s));
+        OR_DIE(dc.synchronize(s));
+        return h;
+      };
+      const int root = (ti + form) % size;  // both roots over the dtypes and forms
+
+      up(a.at(), mine);
+      OR_DIE(blocking ? dc.broadcast(a.at(), n, t, root) : dc.broadcast(a.at(), n, t, root, s));
+      wrong[0][form] += gt::wrong_elements(down(a.at(), bytes), gt::input(t, n, root), t);
+
+      for (int oi = 0; oi < reduce_op_count; ++oi) {
+        const auto op = static_cast<reduce_op>(oi);
+        // reduce: recv = b (a sentinel a non-root must leave alone), or in place.
+        GPU(cudaMemsetAsync(b.at(), 0x5a, bytes, s));
+        up(a.at(), mine);
+        void* recv = blocking ? a.at() : b.at();
+        OR_DIE(blocking ? dc.reduce(a.at(), recv, n, t, op, root) : dc.reduce(a.at(), recv, n, t, op, root, s));
+        const gt::bytes want = rank == root ? slice(ref[oi], 0, bytes) : blocking ? mine : gt::bytes(bytes, 0x5a);
+        wrong[1][form] += gt::wrong_elements(down(recv, bytes), want, t);
+
+        // reduce_scatter: recv = b, or in place (recv = send + rank * n).
+        up(a.at(), mine_all);
+        void* rs = blocking ? a.at(me * bytes) : b.at();
+        OR_DIE(blocking ? dc.reduce_scatter(a.at(), rs, n, t, op) : dc.reduce_scatter(a.at(), rs, n, t, op, s));
+        wrong[3][form] += gt::wrong_elements(down(rs, bytes), slice(ref[oi], me, bytes), t);
+      }
+
+      // allgather: send = a, or in place (send = recv + rank * n).
+      void* send = blocking ? b.at(me * bytes) : a.at();
+      up(send, mine);
+      OR_DIE(blocking ? dc.allgather(send, b.at(), n, t) : dc.allgather(send, b.at(), n, t, s));
+      wrong[2][form] += gt::wrong_elements(down(b.at(), bytes * un), gathered(t, n, size), t);
+    }
+    for (int c = 0; c < 4; ++c) {
+      const bool bad = wrong[c][0] || wrong[c][1];
+      failed += bad;
+      if (rank == 0 || bad) {
+        std::printf("RESULT devcomm %s_%s %s %s", engine, names[c], to_string(t), bad ? "FAIL" : "ok");
+        if (bad) std::printf(" (rank %d: %zu wrong stream-ordered, %zu blocking)", rank, wrong[c][0], wrong[c][1]);
+        std::printf("\n");
+      }
+    }
+  }
+  return failed;
+}
+
+// The five collectives enqueued back to back on `s`, no wait in between: the
+// staging slots pass from one kind to the next (some free after an H2D on `s`,
+// some after a host function); every result is checked once at the end.
+int check_chained(device_comm& dc, cudaStream_t s, const char* engine, int rank, int size, std::size_t n) {
+  const auto un = static_cast<std::size_t>(size);
+  const dtype t = dtype::int32;
+  const std::size_t bytes = n * 4;
+  dev ar(bytes), bc(bytes), red_in(bytes), red_out(bytes), ag_out(bytes * un), rs_in(bytes * un), rs_out(bytes);
+  const auto mine = gt::input(t, n, rank), mine_all = gt::input(t, n * un, rank);
+  for (auto* d : {&ar, &bc, &red_in}) GPU(cudaMemcpyAsync(d->at(), mine.data(), bytes, cudaMemcpyHostToDevice, s));
+  GPU(cudaMemcpyAsync(rs_in.at(), mine_all.data(), bytes * un, cudaMemcpyHostToDevice, s));
+  GPU(cudaMemsetAsync(red_out.at(), 0x5a, bytes, s));
+  const int root = size - 1;
+  OR_DIE(dc.allreduce(ar.at(), ar.at(), n, t, reduce_op::sum, s));
+  OR_DIE(dc.broadcast(bc.at(), n, t, root, s));
+  OR_DIE(dc.reduce(red_in.at(), red_out.at(), n, t, reduce_op::max, root, s));
+  OR_DIE(dc.allgather(red_in.at(), ag_out.at(), n, t, s));  // reads reduce's send: both only read it
+  OR_DIE(dc.reduce_scatter(rs_in.at(), rs_out.at(), n, t, reduce_op::sum, s));
+  OR_DIE(dc.allreduce(rs_out.at(), rs_out.at(), n, t, reduce_op::min, s));  // reads reduce_scatter's result
+  auto get = [&](const dev& d, std::size_t nbytes) {
+    gt::bytes h(nbytes);
+    GPU(cudaMemcpyAsync(h.data(), d.at(), nbytes, cudaMemcpyDeviceToHost, s));
+    return h;
+  };
+  const auto g_ar = get(ar, bytes), g_bc = get(bc, bytes), g_red = get(red_out, bytes), g_ag = get(ag_out, bytes * un),
+             g_rs = get(rs_out, bytes);
+  OR_DIE(dc.synchronize(s));
+  // reduce_scatter then allreduce(min) over ranks: the minimum over ranks of each rank's block.
+  gt::bytes want_rs = slice(gt::reduced(t, reduce_op::sum, n * un, size), 0, bytes);
+  for (int p = 1; p < size; ++p) {
+    const auto other = slice(gt::reduced(t, reduce_op::sum, n * un, size), static_cast<std::size_t>(p), bytes);
+    reduction_for(t, reduce_op::min).inplace(want_rs.data(), other.data(), n);
+  }
+  std::size_t wrong = gt::wrong_elements(g_ar, gt::reduced(t, reduce_op::sum, n, size), t) +
+                      gt::wrong_elements(g_bc, gt::input(t, n, root), t) +
+                      gt::wrong_elements(g_red, rank == root ? gt::reduced(t, reduce_op::max, n, size) : gt::bytes(bytes, 0x5a), t) +
+                      gt::wrong_elements(g_ag, gathered(t, n, size), t) + gt::wrong_elements(g_rs, want_rs, t);
+  if (rank == 0 || wrong) {
+    std::printf("RESULT devcomm %s_back_to_back_on_one_stream %s", engine, wrong ? "FAIL" : "ok");
+    if (wrong) std::printf(" (rank %d: %zu wrong)", rank, wrong);
+    std::printf("\n");
+  }
+  return wrong != 0;
+}
+
+// Argument checks of the new collectives (invalid_argument, nothing enqueued,
+// the object stays usable) and their host-pointer path (the CPU communicator).
+int check_arguments_and_host(device_comm& dc, const char* engine, int rank, int size) {
+  dev d(4096);
+  std::vector<float> h(64, float(rank + 1)), h2(64 * static_cast<std::size_t>(size));
+  auto bad_arg = [](const status& st, const char* words) {
+    return st.code() == errc::invalid_argument && st.message().find(words) != std::string::npos;
+  };
+  bool ok = bad_arg(dc.broadcast(d.at(), 16, dtype::float32, size, nullptr), "root") &&
+            bad_arg(dc.reduce(d.at(), d.at(), 16, dtype::float32, reduce_op::sum, -1, nullptr), "root") &&
+            bad_arg(dc.reduce(d.at(), d.at(), 16, dtype::float32, static_cast<reduce_op>(99), 0, nullptr), "reduce_op") &&
+            bad_arg(dc.allgather(nullptr, d.at(), 16, dtype::float32, nullptr), "null") &&
+            bad_arg(dc.reduce_scatter(d.at(), d.at(), 16, static_cast<dtype>(99), reduce_op::sum, nullptr), "dtype") &&
+            bad_arg(dc.reduce(nullptr, d.at(), 16, dtype::float32, reduce_op::sum, 0, nullptr), "null send") &&
+            bad_arg(dc.allgather(h.data(), d.at(), 16, dtype::float32), "both must be host or both device") &&
+            bad_arg(dc.reduce_scatter(d.at(), h.data(), 16, dtype::float32, reduce_op::sum), "both must be host") &&
+            bad_arg(dc.reduce(h.data(), d.at(), 16, dtype::float32, reduce_op::sum, rank), "both must be host") &&
+            dc.failure().ok();
+  // Host pointers: the CPU communicator.
+  OR_DIE(dc.broadcast(h.data(), h.size(), 0));  // typed overload
+  ok = ok && h[0] == 1.0f && h[63] == 1.0f;
+  for (auto& x : h) x = float(rank + 1);
+  OR_DIE(dc.reduce(h.data(), h2.data(), h.size(), dtype::float32, reduce_op::sum, 0));
+  if (rank == 0) ok = ok && h2[0] == float(size * (size + 1) / 2);
+  OR_DIE(dc.allgather(h.data(), h2.data(), h.size(), dtype::float32));
+  for (int p = 0; p < size; ++p) ok = ok && h2[static_cast<std::size_t>(p) * 64] == float(p + 1);
+  OR_DIE(dc.reduce_scatter(h2.data(), h.data(), h.size(), dtype::float32, reduce_op::max));
+  ok = ok && h[0] == float(rank + 1);
+  if (rank == 0 || !ok) std::printf("RESULT devcomm %s_argument_checks_and_host_path %s\n", engine, ok ? "ok" : "FAIL");
+  return !ok;
+}
+
 int native_rank(const char* dir, int rank, int size) {
   auto kv = file_store::open(dir);
   OR_DIE(kv.ok() ? status() : kv.error());
@@ -98,6 +282,10 @@ int native_rank(const char* dir, int rank, int size) {
   OR_DIE(stream.ok() ? status() : stream.error());
   cudaStream_t s = stream.value().get();
   failed += check_all(dc, s, "native", rank, size);
+  // 400009 elements per rank: several 256 KiB chunks for every dtype and collective.
+  failed += check_collectives(dc, s, "native", rank, size, 400009);
+  failed += check_chained(dc, s, "native", rank, size, 300007);
+  failed += check_arguments_and_host(dc, "native", rank, size);
 
   // Non-blocking: the stream is busy for 300 ms; the call must return long before.
   {
@@ -194,6 +382,9 @@ int nccl_rank(const char* dir) {
   auto stream = cuda::stream::create();
   OR_DIE(stream.ok() ? status() : stream.error());
   failed += check_all(dc, stream.value().get(), "nccl", 0, 1);
+  failed += check_collectives(dc, stream.value().get(), "nccl", 0, 1, 400009);
+  failed += check_chained(dc, stream.value().get(), "nccl", 0, 1, 300007);
+  failed += check_arguments_and_host(dc, "nccl", 0, 1);
   std::vector<float> host(1000, 2.0f);  // host pointers: the CPU path, even with the NCCL engine
   OR_DIE(dc.allreduce(host.data(), host.data(), host.size(), dtype::float32, reduce_op::sum));
   const bool host_ok = host[0] == 2.0f && host[999] == 2.0f;

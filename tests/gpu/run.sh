@@ -29,10 +29,13 @@
 #   nccl_gpu perf        NCCL allreduce of 256 MiB float (time, algbw, busbw)
 #   nccl_gpu missing_rank a rank that never joins: timeout after 5 s, no hang
 #   device_comm_gpu      cclite::cuda::device_communicator: 2 processes sharing the GPU
-#                        (native engine: stream-ordered allreduce of every dtype x op,
-#                        the call returning while the stream is busy, the blocking form
-#                        routed by pointer, auto -> native, 256 MiB busbw), then 1
-#                        process with the NCCL engine
+#                        (native engine: stream-ordered allreduce of every dtype x op;
+#                        broadcast, reduce, allgather, reduce_scatter of every dtype (x op),
+#                        stream-ordered and blocking, several staging chunks per call; all
+#                        five back to back on one stream; argument checks and the host
+#                        path; the call returning while the stream is busy, the blocking
+#                        form routed by pointer, auto -> native, 256 MiB busbw), then 1
+#                        process with the NCCL engine (the same collective checks)
 #   train_cuda           tests/gpu/train_cuda.sh: samples/train_fashion_mnist_cuda, 1 epoch
 #                        on 2 ranks sharing the GPU via cclite-run, test accuracy > 0.8
 #                        (skipped without the dataset: FASHION_MNIST_DIR)
@@ -80,10 +83,14 @@ print_table() {  # results file
   awk '$1=="RESULT" && $2=="staged_allreduce_perf" { printf "  staged allreduce %d MiB float sum, 2 ranks on 1 GPU via pinned host + shm: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
   awk '$1=="RESULT" && $2=="ipc_allreduce_perf" { printf "  allreduce %d MiB float sum, 2 ranks on 1 GPU: %.1f us per call (incl. a host barrier), algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
   echo
-  echo "cclite::cuda::device_communicator (allreduce on device buffers; every op; ok = bit-exact):"
-  awk '$1=="RESULT" && $2=="devcomm" && $3 ~ /_allreduce$/ { e=$3; sub(/_allreduce$/, "", e); line[e] = line[e] sprintf(" %s:%s", $4, $5) }
-       END { n=0; for (e in line) { printf "  %-7s%s\n", e, line[e]; n++ } if (!n) print "  (no results)" }' "$RES"
-  awk '$1=="RESULT" && $2=="devcomm" && $3 !~ /_allreduce$/ { $1=""; $2=""; sub(/^  /, ""); print "  " $0 }' "$RES"
+  echo "cclite::cuda::device_communicator (device buffers, every dtype; every op for allreduce, reduce, reduce_scatter;"
+  echo "  allreduce stream-ordered, the others stream-ordered and blocking; ok = bit-exact):"
+  awk '$1=="RESULT" && $2=="devcomm" && $3 ~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter)$/ {
+         k=$3; e=k; sub(/_.*/, "", e); c=substr(k, length(e) + 2)
+         if (!(k in line)) order[++n]=k
+         line[k] = line[k] sprintf(" %s:%s", $4, $5); eng[k]=e; coll[k]=c }
+       END { if (!n) print "  (no results)"; for (i=1;i<=n;i++) printf "  %-7s%-15s%s\n", eng[order[i]], coll[order[i]], line[order[i]] }' "$RES"
+  awk '$1=="RESULT" && $2=="devcomm" && $3 !~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter)$/ { $1=""; $2=""; sub(/^  /, ""); print "  " $0 }' "$RES"
   awk '$1=="RESULT" && $2=="devcomm_allreduce_perf" { printf "  stream-ordered native allreduce %d MiB float sum, 2 ranks on 1 GPU: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
   grep -h '^RESULT train_cuda' "$RES" | sed 's/^RESULT train_cuda /  GPU trainer sample: /'
   echo

@@ -73,6 +73,7 @@ result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
                         "this build has no TCP rendezvous (cclite::tcp not linked): set "
                         "CCLITE_RDZV_DIR to a directory every rank can see");
     }
+    (void)until;  // the file store bounds each wait itself
     auto s = file_store::open(li.value().rdzv_dir + "/" + li.value().job_id);
     if (!s) return s.error();
     out.store_ = std::move(s.value());
