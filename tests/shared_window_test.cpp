@@ -147,6 +147,37 @@ TEST_CASE("alloc_shared: ranks passing different ranges get mismatch, not wrong 
   }
 }
 
+TEST_CASE("alloc_shared: a rank passing ordinary memory while the others pass the window gets mismatch at once") {
+  // The window call takes a path of its own; the call header says so, so the
+  // rank on the ordinary path sees it in its predecessor's header and every
+  // rank reports the mismatch long before the deadline (10 minutes here; the
+  // test's hang guard is 60 s).
+  for (int size : {2, 3}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        size,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          auto w = c->alloc_shared(1 << 16);
+          MP_REQUIRE(w.ok());
+          std::vector<float> plain(1000, 1.0f);
+          float* f = rank == sz - 1 ? plain.data() : static_cast<float*>(w.value());
+          const status st = c->allreduce(f, 1000);
+          if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+          MP_CHECK(st.code() == errc::mismatch);
+          MP_CHECK(st.message().find("alloc_shared() window") != std::string::npos);
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(net::shm_only, rank, size);
+          ::setenv("CCLITE_TIMEOUT", "600", 1);
+        });
+    INFO(size, " ranks: ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
 TEST_CASE("alloc_shared: unsupported across nodes; the job goes on with ordinary memory") {
   test::temp_dir dir;
   auto r = test::run_ranks(

@@ -69,10 +69,10 @@ class comm_shared : public comm_algorithms<Transports...> {
   /// memory. Errors: errc::unsupported unless all ranks share one node over
   /// shm links (use ordinary memory there); as create() for the set-up.
   /// Not while async calls of this communicator are outstanding. A rank
-  /// passing a different range gets errc::mismatch; a rank passing ordinary
-  /// memory while the others pass the window takes another path and is
-  /// reported only at the deadline (CCLITE_TIMEOUT), as any diverging call.
-  /// In-place calls of at most 1 KiB take the ordinary path on every rank.
+  /// passing a different range, or ordinary memory while the others pass the
+  /// window (the call header says which), gets errc::mismatch (with the check
+  /// on: CCLITE_CHECK_MISMATCH, collective/mismatch.hpp). In-place calls
+  /// of at most 1 KiB take the ordinary path on every rank.
   result<void*> alloc_shared(std::size_t bytes) {
     if constexpr (has_direct) {
       if (!select_.direct_possible())
@@ -225,6 +225,16 @@ class comm_shared : public comm_algorithms<Transports...> {
   // doubling's one exchange (2 ranks: 512 B 1.1 vs 0.95 us, 2 KiB 1.2 vs 1.4;
   // docs/performance.md, session 4). The same on every rank: sizes agree.
   static constexpr std::size_t window_min_bytes = 1024;
+
+  // The window an allreduce runs on in place, or null: the same answer on
+  // every rank that passes its window (the size is compared in the header,
+  // and whether it is a window call too: call_header::window_flag).
+  auto* window_call(const op_desc& d) const {
+    const std::size_t bytes = d.count * size_of(d.type);
+    if (d.kind != collective_kind::allreduce || d.send != d.recv || bytes <= window_min_bytes || windows_.empty())
+      return static_cast<group_t*>(nullptr);
+    return window_of(static_cast<const std::uint8_t*>(d.recv), bytes);
+  }
 
   // The alloc_shared() window holding [p, p + bytes), or null.
   auto* window_of(const std::uint8_t* p, std::size_t bytes) const {

@@ -64,7 +64,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
   using core::run_rd_allreduce; using core::select_;
   using core::check_mismatch_; using core::hdr_; using core::coll_seq_;
   using core::has_direct; using core::direct_bytes_; using core::hold_links; using core::windows_;
-  using core::window_min_bytes; using core::window_of; using core::run_window_allreduce;
+  using core::window_call; using core::run_window_allreduce;
   using core::run_direct_allreduce; using core::small_direct_max;
 
  public:
@@ -423,7 +423,9 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     }
     if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d, until);
     started = true;
-    status st = this->begin_checks(detail::make_call_header(d, size_, ++coll_seq_, comm_id_), until);
+    detail::call_header h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
+    if (this->window_call(d)) h.aux = detail::call_header::window_flag;  // a path of its own
+    status st = this->begin_checks(h, until);
     if (st.ok()) st = dispatch(d, until);
     if (st.ok()) st = this->end_checks(until);
     if (st.code() == errc::timeout) st = this->explain_timeout(std::move(st));
@@ -449,9 +451,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
         // The first small call builds the node-wide group (later ones take
         // dispatch_checked's small path, ahead of the header exchange).
         if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
-        if (send == recv && bytes > window_min_bytes && !windows_.empty()) {
-          if (auto* w = window_of(recv, bytes)) return run_window_allreduce(*w, recv, d.count, red, until);
-        }
+        if (auto* w = this->window_call(d)) return run_window_allreduce(*w, recv, d.count, red, until);
         switch (select_.choose(d.kind, bytes, n)) {
           case algorithm::rd: return this->run_rd_allreduce(send, recv, d.count, red, until);
           case algorithm::rhd: return this->run_hd_allreduce(send, recv, d.count, red, until);
@@ -545,11 +545,10 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     if (!(seen & bit)) {
       seen |= bit;
       const algorithm a = select_.choose(d.kind, bytes, size_);
-      const bool in_window = d.kind == collective_kind::allreduce && d.send == d.recv && size_ > 1 &&
-                             bytes > window_min_bytes && !windows_.empty() &&
-                             window_of(static_cast<const std::uint8_t*>(d.recv), bytes);
+      const bool in_window = size_ > 1 && this->window_call(d) != nullptr;
       const char* algo = size_ == 1 ? "local copy"
                          : in_window ? "shared window (each rank reduces its slice in every rank's copy)"
+                         : this->small_direct(d) ? "shm-direct small (one synchronisation, the header beside the data)"
                          : a == algorithm::rd ? "recursive doubling"
                          : a == algorithm::rhd ? "halving-doubling (Rabenseifner)"
                          : a == algorithm::tree ? (d.kind == collective_kind::allreduce ? "double binary tree" : "binary tree")

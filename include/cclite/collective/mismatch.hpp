@@ -50,7 +50,9 @@ struct call_header {
   std::uint32_t magic = magic_value;
   std::uint8_t kind = 0, type = 0, op = 0;
   std::int32_t root = 0;
-  std::uint32_t aux = 0;  // allgatherv: hash of the counts every rank must agree on
+  std::uint32_t aux = 0;  // allgatherv: hash of the counts; allreduce: window_flag or 0
+  /// allreduce's aux: in place on an alloc_shared() window (a path of its own).
+  static constexpr std::uint32_t window_flag = 1;
   std::uint64_t count = 0;
   std::uint64_t seq = 0;   // low 40 bits on the wire
   std::uint32_t comm = 0;  // 24 bits: which communicator (comm_id_of)
@@ -131,6 +133,8 @@ struct call_header {
     if (reduces(k) && n > 0 && n < static_cast<int>(sizeof buf))
       n += std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), ", %s",
                          op < reduce_op_count ? to_string(static_cast<reduce_op>(op)) : "?");
+    if (k == collective_kind::allreduce && (aux & window_flag) && n > 0 && n < static_cast<int>(sizeof buf))
+      n += std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), ", in place on its alloc_shared() window");
     if (rooted(k) && n > 0 && n < static_cast<int>(sizeof buf))
       n += std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), ", root=%d", root);
     return std::string(buf) + ")";
