@@ -20,7 +20,11 @@
 // shm-direct allreduce and the shared windows in the group's segments, and
 // shm-direct's small allreduce (comm_shared.hpp) in the slot beside its data,
 // where a peer that took the links instead is found by its header arriving
-// down the link.
+// down the link while the call waits for it. (So point-to-point bytes a peer
+// left in a link ahead of a small shm call, e.g. a send() matched by a recv()
+// issued after the collective, are reported only if the call had to wait;
+// on the link paths they always are. Issue point-to-point calls in the same
+// order relative to collectives on every rank, as NCCL requires.)
 //
 // Point-to-point calls (send/recv/sendrecv) carry no header: their matching is
 // the stream order, and they do not advance the collective number.
