@@ -10,15 +10,18 @@
 // the dataset (uploaded once as bytes), activations, parameters, gradients and
 // momentum; cuBLAS does the matrix products, a few kernels the rest.
 //
-// Gradients are averaged the data_parallel way, with device buffers: the
-// gradients sit in one flat device buffer in reverse layer order (the order
-// backward produces them), one bucket per layer. As soon as backward has
-// enqueued a layer's gradient kernels, that bucket's allreduce(avg) is enqueued
-// on a communication stream (cclite::cuda::device_communicator, stream-ordered:
-// the call returns at once), so it runs while the lower layers' backward is
-// still computing; the optimiser step waits for the communication stream, not
-// the host. The engine is CCLITE_GPU_BACKEND: nccl (one rank per GPU) or native
-// (pinned host staging over shm/tcp: any number of ranks per GPU); auto picks.
+// Gradients are averaged by train::data_parallel on device memory
+// (cclite/cuda/device_data_parallel.hpp): it broadcasts rank 0's initial
+// parameters on the device and keeps parameters and gradients in two flat
+// device buffers in reverse layer order (the order backward produces them), one
+// bucket per layer. As soon as backward has enqueued a layer's gradient kernels
+// it marks the layer ready, and the bucket's allreduce(avg) is enqueued on the
+// adapter's communication stream after them (cclite::cuda::device_communicator,
+// stream-ordered: the call returns at once), so it runs while the lower layers'
+// backward is still computing; the optimiser step (one kernel over the flat
+// buffers) waits for the communication stream, not the host. The engine is
+// CCLITE_GPU_BACKEND: nccl (one rank per GPU) or native (pinned host staging
+// over shm/tcp: any number of ranks per GPU); auto picks.
 //
 // Two compilers, one file: nvcc compiles the kernels (the __CUDACC__ part),
 // the host compiler the rest (cclite's communicator, cuBLAS calls, main), as
@@ -161,7 +164,9 @@ void sgd(float* w, float* v, const float* g, std::size_t n, float lr, float mu, 
 // ============================ host part (the C++ compiler) ============================
 #include <cclite/cclite.hpp>
 #include <cclite/cuda/device_communicator.hpp>
+#include <cclite/cuda/device_data_parallel.hpp>
 #include <cclite/cuda/runtime.hpp>
+#include <cclite/train/parameter.hpp>
 
 #include <cublas_v2.h>
 
@@ -182,6 +187,7 @@ void sgd(float* w, float* v, const float* g, std::size_t n, float lr, float mu, 
 
 using comm_t = cclite::default_communicator;
 using device_comm = cclite::cuda::device_communicator<comm_t>;
+using adapter = cclite::cuda::device_comm_adapter<comm_t>;
 
 namespace {
 
@@ -288,7 +294,8 @@ struct dev_array {
 
 struct layer {
   int in = 0, out = 0;
-  std::size_t w = 0, b = 0;  // offsets in the flat parameter / gradient buffers
+  float *w = nullptr, *b = nullptr;    // values, in data_parallel's flat device buffer
+  float *dw = nullptr, *db = nullptr;  // gradients, likewise
 };
 
 }  // namespace
@@ -338,45 +345,62 @@ int main(int argc, char** argv) {
   const int features = ds.train.features();
   const int classes = 10;
 
-  // ---- model: flat parameters in reverse layer order (= bucket order) -------------
+  // ---- model: fc1.weight, fc1.bias, fc2.weight, ... (data_parallel's registration order)
   std::vector<int> sizes = {features};
   sizes.insert(sizes.end(), a.hidden.begin(), a.hidden.end());
   sizes.push_back(classes);
   const int L = static_cast<int>(sizes.size()) - 1;
   std::vector<layer> layers(static_cast<std::size_t>(L));
-  std::size_t total = 0;
-  for (int l = L - 1; l >= 0; --l) {
+  std::vector<cclite::train::parameter> model;  // names, sizes and initial values (host)
+  model.reserve(2 * static_cast<std::size_t>(L));
+  // PyTorch's nn.Linear initialisation, U(-1/sqrt(in), 1/sqrt(in)); data_parallel
+  // replaces every rank's values with rank 0's.
+  std::mt19937_64 init(a.seed);
+  for (int l = 0; l < L; ++l) {
     layer& ly = layers[static_cast<std::size_t>(l)];
     ly.in = sizes[static_cast<std::size_t>(l)];
     ly.out = sizes[static_cast<std::size_t>(l) + 1];
-    ly.w = total;
-    total += static_cast<std::size_t>(ly.in) * static_cast<std::size_t>(ly.out);
-    ly.b = total;
-    total += static_cast<std::size_t>(ly.out);
+    const std::string name = "fc" + std::to_string(l + 1);
+    model.emplace_back(name + ".weight", static_cast<std::size_t>(ly.in) * static_cast<std::size_t>(ly.out));
+    model.emplace_back(name + ".bias", static_cast<std::size_t>(ly.out));
+    std::uniform_real_distribution<float> u(-1.0f / std::sqrt(static_cast<float>(ly.in)),
+                                            1.0f / std::sqrt(static_cast<float>(ly.in)));
+    for (float& v : model[model.size() - 2].values()) v = u(init);
+    for (float& v : model.back().values()) v = u(init);
   }
-  // PyTorch's nn.Linear initialisation, U(-1/sqrt(in), 1/sqrt(in)), from rank 0 to all.
-  std::vector<float> host_params(total);
-  {
-    std::mt19937_64 g(a.seed);
-    for (const layer& ly : layers) {
-      std::uniform_real_distribution<float> u(-1.0f / std::sqrt(static_cast<float>(ly.in)),
-                                              1.0f / std::sqrt(static_cast<float>(ly.in)));
-      for (std::size_t i = 0; i < static_cast<std::size_t>(ly.in) * ly.out; ++i) host_params[ly.w + i] = u(g);
-      for (int o = 0; o < ly.out; ++o) host_params[ly.b + static_cast<std::size_t>(o)] = u(g);
-    }
+  cclite::train::parameter_list plist;
+  for (auto& p : model) plist.push_back(&p);
+
+  auto compute_s = cclite::cuda::stream::create();
+  if (!compute_s) return fail(rank, compute_s.error());
+  cudaStream_t cs = compute_s.value().get();
+  auto made_ad = adapter::create(dc, cs);
+  if (!made_ad) return fail(rank, made_ad.error());
+  adapter& ad = *made_ad.value();
+  // One bucket per layer (caps of 1 byte: a layer's weight and bias are never
+  // split), so the last layers' buckets are reduced while backward goes on.
+  cclite::train::dp_options dpo;
+  dpo.first_bucket_cap_bytes = 1;
+  dpo.bucket_cap_bytes = 1;
+  auto made_dp = cclite::cuda::device_data_parallel<comm_t>::create(ad, plist, dpo);
+  if (!made_dp) return fail(rank, made_dp.error());
+  auto& ddp = made_dp.value();
+  const std::size_t total = ddp.flat_size();
+  for (int l = 0; l < L; ++l) {
+    layer& ly = layers[static_cast<std::size_t>(l)];
+    const auto& w = model[2 * static_cast<std::size_t>(l)];
+    const auto& b = model[2 * static_cast<std::size_t>(l) + 1];
+    ly.w = ddp.value(w), ly.b = ddp.value(b), ly.dw = ddp.grad(w), ly.db = ddp.grad(b);
   }
-  TRY_OR_FAIL(comm.broadcast(host_params.data(), host_params.size(), 0));
 
   const int max_rows = std::max(local_batch, 1000);  // training micro-batch or evaluation chunk
   const int widest = *std::max_element(sizes.begin(), sizes.end());
-  dev_array<float> params, grads, momentum, dbuf0, dbuf1;
+  dev_array<float> momentum, dbuf0, dbuf1;
   std::vector<dev_array<float>> acts(static_cast<std::size_t>(L) + 1);  // acts[0] = x, acts[l+1] = layer l's output
   dev_array<std::uint8_t> train_px, train_lb, test_px, test_lb;
   dev_array<int> idx, labels;
   dev_array<double> loss_sum;
   dev_array<unsigned int> correct;
-  TRY_OR_FAIL(params.alloc(total));
-  TRY_OR_FAIL(grads.alloc(total));
   TRY_OR_FAIL(momentum.alloc(total));
   TRY_OR_FAIL(dbuf0.alloc(static_cast<std::size_t>(max_rows) * static_cast<std::size_t>(widest)));
   TRY_OR_FAIL(dbuf1.alloc(static_cast<std::size_t>(max_rows) * static_cast<std::size_t>(widest)));
@@ -391,8 +415,7 @@ int main(int argc, char** argv) {
   TRY_OR_FAIL(labels.alloc(static_cast<std::size_t>(max_rows)));
   TRY_OR_FAIL(loss_sum.alloc(2));
   TRY_OR_FAIL(correct.alloc(2));
-  TRY_OR_FAIL(cuda_ok(cudaMemcpy(params.get(), host_params.data(), total * sizeof(float), cudaMemcpyHostToDevice), "upload parameters"));
-  TRY_OR_FAIL(cuda_ok(cudaMemset(momentum.get(), 0, total * sizeof(float)), "cudaMemset"));
+  TRY_OR_FAIL(cuda_ok(cudaMemsetAsync(momentum.get(), 0, total * sizeof(float), cs), "cudaMemsetAsync"));
   TRY_OR_FAIL(cuda_ok(cudaMemcpy(train_px.get(), ds.train.pixels.data(), ds.train.pixels.size(), cudaMemcpyHostToDevice), "upload dataset"));
   TRY_OR_FAIL(cuda_ok(cudaMemcpy(train_lb.get(), ds.train.labels.data(), ds.train.labels.size(), cudaMemcpyHostToDevice), "upload dataset"));
   TRY_OR_FAIL(cuda_ok(cudaMemcpy(test_px.get(), ds.test.pixels.data(), ds.test.pixels.size(), cudaMemcpyHostToDevice), "upload dataset"));
@@ -401,15 +424,6 @@ int main(int argc, char** argv) {
   for (int v = 0; v < 256; ++v) norm[v] = (v / 255.0f - 0.2860f) / 0.3530f;
   gpu::set_pixel_norm(norm);
 
-  auto compute_s = cclite::cuda::stream::create();
-  auto comm_s = cclite::cuda::stream::create();
-  if (!compute_s) return fail(rank, compute_s.error());
-  if (!comm_s) return fail(rank, comm_s.error());
-  cudaStream_t cs = compute_s.value().get(), ms = comm_s.value().get();
-  std::vector<cudaEvent_t> grad_ready(static_cast<std::size_t>(L));
-  cudaEvent_t comm_done = nullptr;
-  for (auto& e : grad_ready) TRY_OR_FAIL(cuda_ok(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate"));
-  TRY_OR_FAIL(cuda_ok(cudaEventCreateWithFlags(&comm_done, cudaEventDisableTiming), "cudaEventCreate"));
   cublasHandle_t blas = nullptr;
   TRY_OR_FAIL(cublas_ok(cublasCreate(&blas), "cublasCreate"));
   TRY_OR_FAIL(cublas_ok(cublasSetStream(blas, cs), "cublasSetStream"));
@@ -420,7 +434,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < sizes.size(); ++i) std::printf("%s%d", i ? "-" : " ", sizes[i]);
     std::printf(" (%zu parameters), global batch %d (%d per rank), sgd lr %g momentum %g (%s), %d gradient buckets\n",
                 total, a.batch, local_batch, static_cast<double>(a.lr), static_cast<double>(a.momentum),
-                a.schedule.c_str(), L);
+                a.schedule.c_str(), static_cast<int>(ddp.buckets().buckets.size()));
     std::fflush(stdout);
   }
 
@@ -431,17 +445,18 @@ int main(int argc, char** argv) {
       const layer& ly = layers[static_cast<std::size_t>(l)];
       // Row-major Y[n x out] = X[n x in] W^T, i.e. column-major Y^T = W(out x in) X^T:
       // W's row-major buffer read as column-major is W^T (ld in), hence OP_T.
-      CCLITE_TRY(cublas_ok(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, ly.out, n, ly.in, &one, params.get() + ly.w, ly.in,
+      CCLITE_TRY(cublas_ok(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, ly.out, n, ly.in, &one, ly.w, ly.in,
                                        acts[static_cast<std::size_t>(l)].get(), ly.in, &zero,
                                        acts[static_cast<std::size_t>(l) + 1].get(), ly.out),
                            "cublasSgemm (forward)"));
-      gpu::bias_act(acts[static_cast<std::size_t>(l) + 1].get(), params.get() + ly.b, n, ly.out, l + 1 < L, cs);
+      gpu::bias_act(acts[static_cast<std::size_t>(l) + 1].get(), ly.b, n, ly.out, l + 1 < L, cs);
     }
     return cuda_ok(cudaGetLastError(), "forward kernels");
   };
 
   // Backward from dlogits (in dbuf0) for n rows; each layer's gradient bucket
-  // is allreduced on the communication stream as soon as it is enqueued.
+  // is allreduced on the communication stream as soon as it is enqueued, and
+  // synchronize() orders the compute stream (the optimiser) after all of them.
   auto backward = [&](int n) -> cclite::status {
     float* dy = dbuf0.get();
     float* dx = dbuf1.get();
@@ -450,33 +465,25 @@ int main(int argc, char** argv) {
       const float* x = acts[static_cast<std::size_t>(l)].get();
       // dW[out x in] = dY^T X: column-major dW^T(in x out) = X^T(in x n) dY(n x out).
       CCLITE_TRY(cublas_ok(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, ly.in, ly.out, n, &one, x, ly.in, dy, ly.out,
-                                       &zero, grads.get() + ly.w, ly.in),
+                                       &zero, ly.dw, ly.in),
                            "cublasSgemm (weight gradient)"));
-      gpu::bias_grad(dy, n, ly.out, grads.get() + ly.b, cs);
+      gpu::bias_grad(dy, n, ly.out, ly.db, cs);
       CCLITE_TRY(cuda_ok(cudaGetLastError(), "bias_grad_kernel"));
-      // This layer's bucket is final: hand it to the communication stream.
-      CCLITE_TRY(cuda_ok(cudaEventRecord(grad_ready[static_cast<std::size_t>(l)], cs), "cudaEventRecord"));
-      if (world > 1) {
-        CCLITE_TRY(cuda_ok(cudaStreamWaitEvent(ms, grad_ready[static_cast<std::size_t>(l)], 0), "cudaStreamWaitEvent"));
-        const std::size_t count = static_cast<std::size_t>(ly.in) * ly.out + static_cast<std::size_t>(ly.out);
-        CCLITE_TRY(dc.allreduce(grads.get() + ly.w, grads.get() + ly.w, count, cclite::dtype::float32,
-                                cclite::reduce_op::avg, ms));
-      }
+      // This layer's gradients are enqueued (overwritten, so no zero_grad): its
+      // bucket goes to the communication stream after them.
+      ddp.grad_ready(model[2 * static_cast<std::size_t>(l)]);
+      ddp.grad_ready(model[2 * static_cast<std::size_t>(l) + 1]);
       if (l == 0) break;
       // dX[n x in] = dY W: column-major dX^T(in x n) = W^T(in x out) dY^T(out x n).
-      CCLITE_TRY(cublas_ok(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, ly.in, n, ly.out, &one, params.get() + ly.w, ly.in,
+      CCLITE_TRY(cublas_ok(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, ly.in, n, ly.out, &one, ly.w, ly.in,
                                        dy, ly.out, &zero, dx, ly.in),
                            "cublasSgemm (input gradient)"));
       gpu::relu_grad(dx, x, n * ly.in, cs);
       CCLITE_TRY(cuda_ok(cudaGetLastError(), "relu_grad_kernel"));
       std::swap(dy, dx);
     }
-    // The optimiser step waits for the averaged gradients, on the GPU.
-    if (world > 1) {
-      CCLITE_TRY(cuda_ok(cudaEventRecord(comm_done, ms), "cudaEventRecord"));
-      CCLITE_TRY(cuda_ok(cudaStreamWaitEvent(cs, comm_done, 0), "cudaStreamWaitEvent"));
-    }
-    return {};
+    // The last bucket, then the optimiser step waits for the averaged gradients, on the GPU.
+    return ddp.synchronize();
   };
 
   // Sums over all ranks of {loss, count, correct} with host pointers: the
@@ -517,11 +524,11 @@ int main(int argc, char** argv) {
       gpu::softmax_xent(acts[static_cast<std::size_t>(L)].get(), labels.get(), n, classes, dbuf0.get(),
                         1.0f / static_cast<float>(n), loss_sum.get(), correct.get(), cs);
       TRY_OR_FAIL(backward(n));
-      gpu::sgd(params.get(), momentum.get(), grads.get(), total, lr, a.momentum, cs);
+      gpu::sgd(ddp.flat_values(), momentum.get(), ddp.flat_grad(), total, lr, a.momentum, cs);
       TRY_OR_FAIL(cuda_ok(cudaGetLastError(), "training kernels"));
       seen += static_cast<std::size_t>(n);
     }
-    TRY_OR_FAIL(dc.synchronize(cs));
+    TRY_OR_FAIL(ad.synchronize());  // bounded; reports a failed collective
     const double epoch_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     // ---- evaluation: each rank one shard of the test set -----------------------------
@@ -555,8 +562,6 @@ int main(int argc, char** argv) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count());
   }
   (void)cublasDestroy(blas);
-  for (auto& e : grad_ready) (void)cudaEventDestroy(e);
-  (void)cudaEventDestroy(comm_done);
   return 0;
 }
 

@@ -7,6 +7,7 @@
 // CUDA calls are made in forked children only: the CUDA runtime does not
 // survive fork(), so the parent stays CUDA-free for the next test case.
 #include <cclite/cuda/device_communicator.hpp>
+#include <cclite/cuda/device_data_parallel.hpp>
 #include <cclite/cuda/gpu_backend.hpp>
 #include <cclite/cuda/ipc.hpp>
 #include <cclite/cuda/runtime.hpp>
@@ -332,6 +333,44 @@ TEST_CASE("native engine chunking: the same cut on every rank, per rank for allg
   CHECK(contains(small.error().message(), "chunk_bytes to at least 72"));
   CHECK(cuda::detail::per_rank_pieces(collective_kind::allgather));
   CHECK(!cuda::detail::per_rank_pieces(collective_kind::broadcast));
+}
+
+// data_parallel's device-memory hook is chosen by type: the adapter declares it
+// (and has no shared window to offer), CPU communicators do not. Every member of
+// the device form compiles (explicit instantiation), GPU or not.
+template class cclite::train::data_parallel<cclite::cuda::device_comm_adapter<cclite::default_communicator>>;
+static_assert(cuda::device_data_parallel<default_communicator>::on_device);
+static_assert(!train::data_parallel<default_communicator>::on_device);
+static_assert(!train::detail::has_alloc_shared<cuda::device_comm_adapter<default_communicator>>::value);
+
+TEST_CASE("data_parallel on a CPU communicator: host memory, grad(p) / value(p) are the parameter's own") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(2, [&](int rank, int size) {
+    auto kv = test::open_dir_store(dir.path);
+    auto comm = test::make_comm(*kv, rank, size);
+    train::parameter w("fc1.weight", 12), b("fc1.bias", 3), other("x", 4);
+    for (float& v : w.values()) v = float(rank + 1);
+    for (float& v : b.values()) v = float(rank + 2);
+    auto made = train::data_parallel<default_communicator>::create(*comm, {&w, &b});
+    MP_REQUIRE_OK(made);
+    auto& ddp = made.value();
+    MP_CHECK(w.values()[11] == 1.0f && b.values()[0] == 2.0f);  // rank 0's
+    MP_CHECK(ddp.value(w) == w.value() && ddp.value(b) == b.value());
+    MP_CHECK(ddp.grad(w) == w.grad() && ddp.grad(b) == b.grad());
+    MP_CHECK(ddp.flat_values() == nullptr && ddp.value(other) == nullptr && ddp.grad(other) == nullptr);
+    MP_CHECK(ddp.grad(w) >= ddp.flat_grad() && ddp.grad(w) < ddp.flat_grad() + ddp.flat_size());
+    for (std::size_t i = 0; i < 12; ++i) w.grad()[i] = float(rank);
+    for (std::size_t i = 0; i < 3; ++i) b.grad()[i] = float(2 * rank);
+    ddp.grad_ready(w);
+    ddp.grad_ready(b);
+    MP_REQUIRE_OK(ddp.synchronize());
+    MP_CHECK(w.grad()[5] == 0.5f && b.grad()[2] == 1.0f);
+    ddp.zero_grad();
+    MP_CHECK(w.grad()[0] == 0.0f && b.grad()[1] == 0.0f);
+    (void)size;
+    return 0;
+  }, std::chrono::seconds(120), [](int rank) { test::set_net_env(test::net::shm_only, rank, 2); });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
 }
 
 #if defined(CCLITE_HAS_NCCL)

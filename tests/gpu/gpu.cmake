@@ -7,7 +7,8 @@
 #                        and the NCCL backend's no-device error
 #   cclite_header_check_gpu   every cuda/nccl .hpp on its own, twice (-fno-exceptions
 #                        -fno-rtti the second time); part of ctest's header_check
-#   reduce_kernels_gpu, ipc_gpu (nvcc), staging_gpu, nccl_gpu, device_comm_gpu (g++)
+#   reduce_kernels_gpu, ipc_gpu (nvcc), staging_gpu, nccl_gpu, device_comm_gpu,
+#   data_parallel_gpu (g++, cuBLAS)
 #                        need a GPU: built here on every run, run by tests/gpu/run.sh
 #   train_fashion_mnist_cuda (ctest, train_cuda.sh): the GPU sample's clean 'no CUDA
 #                        device' exit here; 1 epoch on 2 ranks sharing the GPU there
@@ -57,6 +58,14 @@ if(TARGET cclite::shm OR TARGET cclite::tcp)
   target_compile_options(device_comm_gpu PRIVATE -Wall -Wextra)
 endif()
 
+# train::data_parallel on device gradients (cuda/device_data_parallel.hpp): 2
+# processes sharing the GPU train with cuBLAS; ranks bitwise equal, close to 1 rank.
+if((TARGET cclite::shm OR TARGET cclite::tcp) AND TARGET CUDA::cublas)
+  add_executable(data_parallel_gpu ${CMAKE_CURRENT_LIST_DIR}/data_parallel_gpu.cpp)
+  target_link_libraries(data_parallel_gpu PRIVATE cclite::cclite cclite_cuda CUDA::cublas)
+  target_compile_options(data_parallel_gpu PRIVATE -Wall -Wextra)
+endif()
+
 # Header self-containment for the GPU parts (the .hpp files; .cuh need nvcc and
 # are compiled by reduce_kernels_gpu): each on its own, with cclite::cuda /
 # cclite::nccl's requirements, once as is and once -fno-exceptions -fno-rtti.
@@ -100,7 +109,7 @@ if(_gpu_hc_sources)
 endif()
 
 # The GPU programs are ctest cases too: skipped (exit 77) without a GPU, run with one.
-foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu device_comm_gpu)
+foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu device_comm_gpu data_parallel_gpu)
   if(TARGET ${_gpu_prog})
     add_test(NAME ${_gpu_prog} COMMAND ${_gpu_prog})
   endif()
@@ -118,7 +127,8 @@ if(TARGET train_fashion_mnist_cuda AND TARGET cclite-run)
     COMMAND ${CMAKE_CURRENT_LIST_DIR}/train_cuda.sh $<TARGET_FILE:train_fashion_mnist_cuda> $<TARGET_FILE:cclite-run>)
   set_tests_properties(train_fashion_mnist_cuda PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "gpu")
 endif()
-foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu device_comm_gpu nccl_gpu nccl_gpu_missing_rank)
+foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu device_comm_gpu data_parallel_gpu nccl_gpu
+                  nccl_gpu_missing_rank)
   if(TEST ${_gpu_prog})
     set_tests_properties(${_gpu_prog} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "gpu")
   endif()

@@ -36,6 +36,11 @@
 #                        path; the call returning while the stream is busy, the blocking
 #                        form routed by pointer, auto -> native, 256 MiB busbw), then 1
 #                        process with the NCCL engine (the same collective checks)
+#   data_parallel_gpu    train::data_parallel on device gradients (cuda/device_data_parallel.hpp):
+#                        2 processes sharing the GPU train a cuBLAS network 20 steps, parameters
+#                        and gradients on the device; rank 0's initial values everywhere, ranks
+#                        bitwise equal, within 1e-4 of a 1-process run; stream-ordered waits
+#                        return while the GPU is busy; host_wait + no_sync micro-batches
 #   train_cuda           tests/gpu/train_cuda.sh: samples/train_fashion_mnist_cuda, 1 epoch
 #                        on 2 ranks sharing the GPU via cclite-run, test accuracy > 0.8
 #                        (skipped without the dataset: FASHION_MNIST_DIR)
@@ -92,7 +97,10 @@ print_table() {  # results file
        END { if (!n) print "  (no results)"; for (i=1;i<=n;i++) printf "  %-7s%-15s%s\n", eng[order[i]], coll[order[i]], line[order[i]] }' "$RES"
   awk '$1=="RESULT" && $2=="devcomm" && $3 !~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter)$/ { $1=""; $2=""; sub(/^  /, ""); print "  " $0 }' "$RES"
   awk '$1=="RESULT" && $2=="devcomm_allreduce_perf" { printf "  stream-ordered native allreduce %d MiB float sum, 2 ranks on 1 GPU: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
-  grep -h '^RESULT train_cuda' "$RES" | sed 's/^RESULT train_cuda /  GPU trainer sample: /'
+  echo
+  echo "train::data_parallel on device gradients (cuda/device_data_parallel.hpp; 2 processes sharing the GPU, native engine):"
+  awk '$1=="RESULT" && $2=="dpgpu" { $1=""; $2=""; sub(/^  /, ""); print "  " $0; n++ } END { if (!n) print "  (no results)" }' "$RES"
+  grep -h '^RESULT train_cuda' "$RES" | sed 's/^RESULT train_cuda /  GPU trainer sample (data_parallel + device_comm_adapter): /'
   echo
   echo "Device reduction kernels (every op; aligned and misaligned; in place and not; bit-exact vs host):"
   awk '$1=="RESULT" && $2=="kernel" { line = line sprintf(" %s:%s", $3, $4) } END { print "  " (line ? line : " (no results)") }' "$RES"
@@ -123,6 +131,8 @@ if command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}
     built_with=cmake
     # Optional parts: a failure here costs only their steps (NOT_BUILT).
     cmake --build "$BUILD" -j"$JOBS" --target device_comm_gpu >>"$LOG" 2>&1 || say "device_comm_gpu not built (see $LOG)"
+    cmake --build "$BUILD" -j"$JOBS" --target data_parallel_gpu >>"$LOG" 2>&1 ||
+      say "data_parallel_gpu not built (needs cuBLAS; see $LOG)"
     cmake --build "$BUILD" -j"$JOBS" --target cclite-run train_fashion_mnist_cuda >>"$LOG" 2>&1 ||
       say "train_fashion_mnist_cuda / cclite-run not built (needs zlib and cuBLAS; see $LOG)"
   else
@@ -147,6 +157,9 @@ if [ $built_with = none ]; then
   g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 -DCCLITE_HAS_NCCL=1 \
       "$ROOT/tests/gpu/device_comm_gpu.cpp" -L"$CUDA/lib64" -lnccl -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
       -o "$BIN/device_comm_gpu" >>"$LOG" 2>&1
+  g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 \
+      "$ROOT/tests/gpu/data_parallel_gpu.cpp" -L"$CUDA/lib64" -lcublas -lcudart -lrt -pthread \
+      -Wl,-rpath,"$CUDA/lib64" -o "$BIN/data_parallel_gpu" >>"$LOG" 2>&1
   wait
   built_with=direct
 fi
@@ -184,6 +197,7 @@ run nccl_check 60 "$BIN/nccl_gpu" check "${NCCL_RANKS:-1}"
 run nccl_perf 45 "$BIN/nccl_gpu" perf $((256 << 20))
 run nccl_missing_rank 30 "$BIN/nccl_gpu" missing_rank
 run device_comm_gpu 120 "$BIN/device_comm_gpu"
+run data_parallel_gpu 60 "$BIN/data_parallel_gpu"
 if [ -x "$BIN/train_fashion_mnist_cuda" ] && [ -x "$BIN/cclite-run" ]; then
   run train_cuda 300 "$ROOT/tests/gpu/train_cuda.sh" "$BIN/train_fashion_mnist_cuda" "$BIN/cclite-run"
 elif [ $built_with = direct ]; then
