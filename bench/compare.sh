@@ -26,7 +26,8 @@
 # 200 timed calls, so that each size is timed over milliseconds rather than the
 # ~0.1 ms that nccl-tests' default 20 calls of 64 KiB take, which one preemption
 # on a shared machine used to dominate), LAT_ARGS (default
-# "-b 8 -e 64K -f 2 -n 200 -w 20"), COMMON_ARGS (default "-d float -o sum"),
+# "-b 8 -e 64K -f 2 -n 2000 -w 200": one preemption of a few hundred us must not
+# move a 0.5 us mean), COMMON_ARGS (default "-d float -o sum"),
 # MPIRUN_ARGS (added to mpirun, e.g. "--mca mpi_yield_when_idle 1"),
 # LIMITS_ARGS (default "-n 9"), RUN_TIMEOUT seconds per program (default 900).
 #
@@ -75,7 +76,7 @@ command -v python3 > /dev/null || { echo "compare.sh: needs python3" >&2; exit 2
 
 BW_ARGS=${BW_ARGS:-"-b 64K -e 4M -f 4 -n 200 -w 50; -b 16M -e 64M -f 4"}
 MPI_TUNED_ENV=${MPI_TUNED_ENV:-"GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296"}
-LAT_ARGS=${LAT_ARGS:-"-b 8 -e 64K -f 2 -n 200 -w 20"}
+LAT_ARGS=${LAT_ARGS:-"-b 8 -e 64K -f 2 -n 2000 -w 200"}
 COMMON_ARGS=${COMMON_ARGS:-"-d float -o sum"}
 MPIRUN_ARGS=${MPIRUN_ARGS:-}
 LIMITS_ARGS=${LIMITS_ARGS:-"-n 9"}
