@@ -273,17 +273,7 @@ TEST_CASE("device_communicator argument checks need no device") {
   using cuda::detail::check_device_call;
   int x[8] = {};
   auto call = [&](collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
-                  int root) {
-    op_desc d;
-    d.kind = k;
-    d.send = send;
-    d.recv = recv;
-    d.count = count;
-    d.type = t;
-    d.op = op;
-    d.root = root;
-    return d;
-  };
+                  int root) { return op_desc::of(k, send, recv, count, t, op, root); };
   auto bad = [](const status& s, const char* words) {
     const bool ok = s.code() == errc::invalid_argument && contains(s.message(), words) &&
                     contains(s.message(), "device_communicator rank 1: device ");

@@ -336,15 +336,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
 
   static op_desc rooted(collective_kind k, const void* send, void* recv, std::size_t count, dtype t,
                         reduce_op op, int root) {
-    op_desc d;
-    d.kind = k;
-    d.send = send;
-    d.recv = recv;
-    d.count = count;
-    d.type = t;
-    d.op = op;
-    d.root = root;
-    return d;
+    return op_desc::of(k, send, recv, count, t, op, root);
   }
   static op_desc vdesc(collective_kind k, const void* send, std::size_t send_count, void* recv,
                        const std::size_t* counts, const std::size_t* displs, const std::size_t* rcounts,

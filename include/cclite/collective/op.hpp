@@ -57,6 +57,20 @@ struct op_desc {
   const std::size_t* displs = nullptr;   ///< allgatherv: recv displs; alltoallv: send displs
   const std::size_t* rcounts = nullptr;  ///< alltoallv: recv counts
   const std::size_t* rdispls = nullptr;  ///< alltoallv: recv displs
+
+  /// The common fields at once (the v-variants and sendrecv add theirs).
+  static op_desc of(collective_kind k, const void* send, void* recv, std::size_t count, dtype t,
+                    reduce_op op = reduce_op::sum, int root = 0) {
+    op_desc d;
+    d.kind = k;
+    d.send = send;
+    d.recv = recv;
+    d.count = count;
+    d.type = t;
+    d.op = op;
+    d.root = root;
+    return d;
+  }
 };
 
 namespace detail {

@@ -311,14 +311,7 @@ class device_communicator {
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
                  int root, cudaStream_t stream) {
     CCLITE_TRY(failure());
-    op_desc d;
-    d.kind = k;
-    d.send = send;
-    d.recv = recv;
-    d.count = count;
-    d.type = t;
-    d.op = op;
-    d.root = root;
+    const op_desc d = op_desc::of(k, send, recv, count, t, op, root);
     CCLITE_TRY(detail::check_device_call(d, rank(), size()));
     if (count == 0) return status();
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
