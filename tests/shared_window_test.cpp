@@ -119,6 +119,54 @@ TEST_CASE("alloc_shared: in-place allreduce on the window, 2..4 ranks") {
   }
 }
 
+// shared_peer() (MPI_Win_shared_query): each rank writes a pattern into its
+// own copy, and after a barrier reads every other rank's copy through the
+// returned address, at offset 0 and mid-window; then each rank writes into
+// its ring successor's copy and reads what its predecessor wrote into its own.
+// Bad ranks and foreign pointers are invalid_argument.
+TEST_CASE("alloc_shared: shared_peer() reaches every rank's copy, 2..4 ranks") {
+  for (int size : {2, 3, 4}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        size,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          const std::size_t n = 3000;  // ints: spans pages
+          auto w = c->alloc_shared(n * sizeof(int));
+          MP_REQUIRE(w.ok());
+          int* mine = static_cast<int*>(w.value());
+          for (std::size_t i = 0; i < n; ++i) mine[i] = rank * 100000 + static_cast<int>(i);
+          MP_REQUIRE(c->barrier().ok());
+          for (int p = 0; p < sz; ++p) {
+            auto at0 = c->shared_peer(mine, p), mid = c->shared_peer(mine + 1234, p);
+            MP_REQUIRE(at0.ok() && mid.ok());
+            MP_CHECK((p == rank) == (at0.value() == static_cast<void*>(mine)));
+            const int* theirs = static_cast<const int*>(at0.value());
+            bool same = static_cast<const int*>(mid.value()) == theirs + 1234;
+            for (std::size_t i = 0; i < n; ++i) same = same && theirs[i] == p * 100000 + static_cast<int>(i);
+            MP_CHECK(same);
+          }
+          MP_REQUIRE(c->barrier().ok());  // everyone read before anyone writes again
+          auto next = c->shared_peer(mine + 7, (rank + 1) % sz);
+          MP_REQUIRE(next.ok());
+          *static_cast<int*>(next.value()) = -1 - rank;
+          MP_REQUIRE(c->barrier().ok());
+          MP_CHECK(mine[7] == -1 - (rank + sz - 1) % sz);
+          MP_CHECK(c->shared_peer(mine, sz).error().code() == errc::invalid_argument);
+          MP_CHECK(c->shared_peer(mine, -1).error().code() == errc::invalid_argument);
+          int local = 0;
+          MP_CHECK(c->shared_peer(&local, 0).error().code() == errc::invalid_argument);
+          MP_CHECK(c->shared_peer(mine + n + 4096, 0).error().code() == errc::invalid_argument);
+          MP_REQUIRE(c->barrier().ok());
+          return 0;
+        },
+        std::chrono::seconds(120), [&](int rank) { test::set_net_env(net::shm_only, rank, size); });
+    INFO("size ", size, ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
 // Every rank must pass the same range: a rank reducing another part of its
 // window gets errc::mismatch everywhere instead of sums of unrelated data,
 // also with the call headers off (the range is compared on its own).

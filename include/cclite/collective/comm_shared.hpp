@@ -95,6 +95,27 @@ class comm_shared : public comm_algorithms<Transports...> {
     }
   }
 
+  /// Where the byte at `p` of this rank's alloc_shared() window lies in rank
+  /// `r`'s copy of that window (MPI_Win_shared_query): this process maps
+  /// every rank's copy, so loads and stores there reach rank r's memory
+  /// directly, with no call on the peer. Ordering is the caller's business:
+  /// a barrier() between one rank's stores and another's loads (the
+  /// communicator's collectives order memory like release / acquire).
+  /// Local, no communication. errc::invalid_argument when `p` is not in a
+  /// window of this communicator or `r` is not a rank of it.
+  result<void*> shared_peer(const void* p, int r) const {
+    if (r < 0 || r >= size_)
+      return make_error(errc::invalid_argument, "shared_peer: rank %d is not in this communicator (size %d)", r, size_);
+    const auto* q = static_cast<const std::uint8_t*>(p);
+    if constexpr (has_direct) {
+      if (const auto* w = window_of(q, 1)) {
+        if (std::uint8_t* base = w->window_of_rank(peers_[static_cast<std::size_t>(r)].rank))
+          return static_cast<void*>(base + (q - w->window_data()));
+      }
+    }
+    return make_error(errc::invalid_argument, "shared_peer: %p is not in a window of alloc_shared()", p);
+  }
+
   /// Unmaps a window of alloc_shared() on this rank (local: the peers keep
   /// theirs until they free them). Not while a call on it is outstanding.
   status free_shared(void* p) {

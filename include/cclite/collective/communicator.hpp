@@ -262,8 +262,9 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     return make_child(ranks, where, std::move(opts), false);
   }
 
-  /// Memory every local rank maps, and its release: see comm_shared.hpp.
+  /// Memory every local rank maps, a peer's copy of it, and its release: see comm_shared.hpp.
   using core::alloc_shared;
+  using core::shared_peer;
   using core::free_shared;
 
   /// Index of this rank's node (0 .. node_count()-1), for split().

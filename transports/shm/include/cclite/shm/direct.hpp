@@ -177,6 +177,14 @@ class direct_group {
 
   /// This member's window (create_window): capacity() bytes.
   std::uint8_t* window_data() const noexcept { return window_ ? input(me_) : nullptr; }
+  /// The window of the member with communicator rank `rank` (this process
+  /// maps every member's), or null when `rank` is not a member.
+  std::uint8_t* window_of_rank(int rank) const noexcept {
+    if (!window_) return nullptr;
+    for (std::size_t m = 0; m < members_.size(); ++m)
+      if (members_[m].rank == rank) return input(static_cast<int>(m));
+    return nullptr;
+  }
 
   /// In place over a window: every member's bytes [offset, offset + count x
   /// elem) become the reduction of that range across all members. Members
