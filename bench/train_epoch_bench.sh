@@ -106,5 +106,5 @@ echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo "# overlap: bucket timeline of the first steps of epoch 2, 2 ranks, batch ${batches%% *} (rank 0)"
 launch "$bin/cclite-run" --nproc-per-node 2 "$bin/train_fashion_mnist" --epochs 2 --batch "${batches%% *}" --threads 1 \
-  --optimizer "$optimizer" --first-bucket-kb "${first_kb:-256}" --split-kb "$split_kb" --no-eval --no-checkpoint --progress none --timeline 4 2>&1 |
+  --optimizer "$optimizer" --first-bucket-kb "${first_kb:-256}" --split-kb "$split_kb" --shard-optimizer 0 --no-eval --no-checkpoint --progress none --timeline 4 2>&1 |
   grep -E 'buckets:|timeline epoch 2' || true

@@ -71,6 +71,11 @@ struct args {
   // Gradients in the communicator's shared window (one node, shm): the
   // allreduce reads them where backward wrote them. 0: ordinary memory.
   bool shared_grads = true;
+  // The optimiser step sharded over the node's ranks and fused with the
+  // reduction (train::sharded_optimizer): the optimiser state exists once per
+  // node instead of once per rank. Off by default: on this 2-core machine it
+  // is slower (docs/trainer.md, Performance).
+  bool shard = false;
   int accumulate = 1;
   std::string progress = "auto";
   int timeline = 0;
@@ -101,6 +106,9 @@ void usage() {
       "                        core is left for the reduction; else all gradients in one bucket)\n"
       "  --split-kb K          cut a larger gradient into pieces of at most K KiB, each reduced as\n"
       "                        soon as backward computed it (default 0 = never; 196: fc1.weight in 4)\n"
+      "  --shard-optimizer 0|1 optimiser step sharded over the node's ranks and fused with the\n"
+      "                        gradient reduction, one copy of its state per node (default 0; needs\n"
+      "                        --shared-grads 1 and one node, else it is the usual step)\n"
       "  --shared-grads 0|1    gradients in a window every local rank maps (default 1; used when all\n"
       "                        ranks share one node): reduced in place, without staging copies\n"
       "  --accumulate K        micro-batches per step, communicating only the last (default 1)\n"
@@ -139,6 +147,7 @@ bool parse(int argc, char** argv, args& a) {
     else if (k == "--first-bucket-kb") a.first_bucket_kb = std::atol(val());
     else if (k == "--split-kb") a.split_kb = std::atol(val());
     else if (k == "--shared-grads") a.shared_grads = std::atoi(val()) != 0;
+    else if (k == "--shard-optimizer") a.shard = std::atoi(val()) != 0;
     else if (k == "--accumulate") a.accumulate = std::atoi(val());
     else if (k == "--progress") a.progress = val();
     else if (k == "--timeline") a.timeline = std::atoi(val());
@@ -167,11 +176,24 @@ bool parse(int argc, char** argv, args& a) {
   return a.epochs >= 0 && a.batch > 0 && a.accumulate > 0 && (a.optimizer == "sgd" || a.optimizer == "adamw");
 }
 
-// SGD or AdamW behind one face (the sample lets the user pick).
+// SGD or AdamW behind one face (the sample lets the user pick), stepped
+// through a sharded_optimizer when one was made (declared last: it goes first).
 struct optimizer {
   std::unique_ptr<train::sgd> sgd;
   std::unique_ptr<train::adamw> adamw;
-  void step() { sgd ? sgd->step() : adamw->step(); }
+  std::unique_ptr<train::sharded_optimizer<comm_t, train::sgd>> sharded_sgd;
+  std::unique_ptr<train::sharded_optimizer<comm_t, train::adamw>> sharded_adamw;
+  void shard(train::data_parallel<comm_t>& ddp) {
+    if (sgd) sharded_sgd = std::make_unique<train::sharded_optimizer<comm_t, train::sgd>>(ddp, *sgd);
+    else sharded_adamw = std::make_unique<train::sharded_optimizer<comm_t, train::adamw>>(ddp, *adamw);
+  }
+  bool fused() const { return sharded_sgd ? sharded_sgd->fused() : sharded_adamw && sharded_adamw->fused(); }
+  // After ddp.synchronize(), or (fused) the sharded step that also reduces.
+  cclite::status step() {
+    if (fused()) return sharded_sgd ? sharded_sgd->step() : sharded_adamw->step();
+    sgd ? sgd->step() : adamw->step();
+    return {};
+  }
   void set_lr(float lr) { sgd ? sgd->set_lr(lr) : adamw->set_lr(lr); }
   void save(train::checkpoint& ck) const { sgd ? sgd->save_state(ck) : adamw->save_state(ck); }
   cclite::status load(const train::checkpoint& ck) { return sgd ? sgd->load_state(ck) : adamw->load_state(ck); }
@@ -289,6 +311,7 @@ int main(int argc, char** argv) {
   optimizer opt;
   if (a.optimizer == "sgd") opt.sgd = std::make_unique<train::sgd>(net.parameters(), train::sgd::options{a.lr, a.momentum, a.weight_decay, false});
   else opt.adamw = std::make_unique<train::adamw>(net.parameters(), train::adamw::options{a.lr, 0.9f, 0.999f, 1e-8f, a.weight_decay});
+  if (a.shard) opt.shard(ddp);
 
   train::distributed_sampler sampler(static_cast<std::size_t>(ds.train.count), rank, world, a.seed);
   int first_epoch = 0;
@@ -300,6 +323,9 @@ int main(int argc, char** argv) {
                 net.parameter_count(), a.batch, local_batch,
                 a.accumulate > 1 ? (", " + std::to_string(a.accumulate) + " micro-batches").c_str() : "",
                 a.optimizer.c_str(), static_cast<double>(a.lr), a.schedule.c_str(), threads, train::gemm_backend());
+    if (opt.fused())
+      std::printf("gradients: %zu values in a shared window; the optimiser step is sharded over %d ranks and fused "
+                  "with their reduction (--shard-optimizer 0: buckets as below)\n", ddp.flat_size(), world);
     std::printf("gradient buckets: %s\n", ddp.buckets().describe(sizeof(float)).c_str());
     std::fflush(stdout);
   }
@@ -398,11 +424,14 @@ int main(int argc, char** argv) {
         // the others add to them.
         net.backward(n, [&](train::parameter& p, auto... range) { ddp.grad_ready(p, range...); }, m > 0);
       }
+      // Fused: the reduction happens inside the optimiser's step, timed as
+      // "optimizer" (synchronize stays 0).
       const auto sync_start = std::chrono::steady_clock::now();
-      if (auto st = ddp.synchronize(); !st.ok()) return fail(rank, st);
+      if (!opt.fused())
+        if (auto st = ddp.synchronize(); !st.ok()) return fail(rank, st);
       const auto opt_start = std::chrono::steady_clock::now();
       sync_s += std::chrono::duration<double>(opt_start - sync_start).count();
-      opt.step();
+      if (auto st = opt.step(); !st.ok()) return fail(rank, st);
       if (a.profile) {
         const auto end = std::chrono::steady_clock::now();
         auto us = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); };

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -199,17 +200,19 @@ TEST_CASE("checkpoint: parameters and optimiser state; a different model is refu
   train::mlp copy({6, 5, 3}, 4, 99);
   REQUIRE(train::load_parameters(ck, copy.parameters()).ok());
   for (std::size_t k = 0; k < net.parameters().size(); ++k)
-    CHECK(copy.parameters()[k]->values() == net.parameters()[k]->values());
+    CHECK(std::equal(copy.parameters()[k]->values().begin(), copy.parameters()[k]->values().end(),
+                     net.parameters()[k]->values().begin()));
   train::adamw opt2(copy.parameters(), {});
   REQUIRE(opt2.load_state(ck).ok());
   CHECK(opt2.steps() == 1);
   train::sgd wrong(copy.parameters(), {});
   CHECK_FALSE(wrong.load_state(ck).ok());
-  const std::vector<float> before = other.parameters()[0]->values();
+  const auto now = other.parameters()[0]->values();
+  const std::vector<float> before(now.begin(), now.end());
   auto st = train::load_parameters(ck, other.parameters());
   CHECK(st.code() == errc::invalid_argument);
   CHECK(st.message().find("fc1.weight") != std::string::npos);
-  CHECK(other.parameters()[0]->values() == before);
+  CHECK(std::equal(before.begin(), before.end(), other.parameters()[0]->value()));
 }
 
 // ---- buckets ----------------------------------------------------------------------------------
@@ -304,7 +307,8 @@ TEST_CASE("gemm: every transpose combination against a naive reference") {
 
 TEST_CASE("optimisers: PyTorch's update rules; AdamW's vector path equals its scalar path bit for bit") {
   train::parameter p("p", 3);
-  p.values() = {1.0f, -2.0f, 0.5f};
+  const float init[] = {1.0f, -2.0f, 0.5f};
+  std::copy(init, init + 3, p.value());
   train::sgd s({&p}, {0.1f, 0.9f, 0.01f, false});
   for (int step = 0; step < 2; ++step) {
     std::fill(p.grad(), p.grad() + 3, 0.25f);
@@ -315,7 +319,7 @@ TEST_CASE("optimisers: PyTorch's update rules; AdamW's vector path equals its sc
   CHECK(p.values()[0] == w1 - 0.1f * (0.9f * d1 + d2));
 
   train::parameter q("q", 1);
-  q.values() = {1.0f};
+  q.values()[0] = 1.0f;
   train::adamw a({&q}, {0.01f, 0.9f, 0.999f, 1e-8f, 0.1f});
   q.grad()[0] = 0.5f;
   a.step();
@@ -427,4 +431,64 @@ TEST_CASE("mlp: overwriting backward equals zero + accumulate; first-layer row b
   for (std::size_t k = 0; k < pa.size(); ++k)
     for (std::size_t i = 0; i < pa[k]->size(); ++i)
       CHECK(pb[k]->grad()[i] == doctest::Approx(pa[k]->grad()[i] / 2).epsilon(1e-5).scale(1e-6));
+}
+
+// What sharded_optimizer builds on: values and optimiser state in memory the
+// caller owns, and a step taken in parts giving the bits of step().
+TEST_CASE("parameters and optimiser state move to the caller's memory and back; a step in parts equals step()") {
+  train::parameter p("p", 5);
+  for (std::size_t i = 0; i < 5; ++i) p.value()[i] = static_cast<float>(i) - 1.5f;
+  std::vector<float> ext(5, 0.0f);
+  p.bind_value(ext.data());
+  CHECK(p.value() == ext.data());
+  CHECK_FALSE(p.owns_value());
+  CHECK(ext[4] == 2.5f);
+  ext[2] = 7.0f;
+  CHECK(p.values()[2] == 7.0f);
+  p.use_own_value();
+  CHECK(p.owns_value());
+  CHECK(p.value() != ext.data());
+  CHECK(p.values()[2] == 7.0f);
+
+  train::sgd s({&p}, {0.1f, 0.9f});
+  std::fill(p.grad(), p.grad() + 5, 0.5f);
+  s.step();
+  std::vector<float> st(5, 0.0f);
+  s.bind_state(0, 0, st.data());
+  CHECK(st[0] == 0.5f);  // the momentum after one step moved along
+  s.step();
+  CHECK(st[0] == 0.9f * 0.5f + 0.5f);
+  train::sgd shared = s;  // a copy shares bound state...
+  CHECK(shared.state(0, 0) == st.data());
+  s.use_own_state();
+  CHECK(s.state(0, 0) != st.data());
+  CHECK(s.state(0, 0)[0] == st[0]);
+  train::sgd own = s;  // ...and owns copies of owned state
+  CHECK(own.state(0, 0) != s.state(0, 0));
+  CHECK(own.state(0, 0)[3] == s.state(0, 0)[3]);
+
+  // Parts: [0, 2) and [2, 5), then end_step(), against step(), SGD and AdamW.
+  auto same = [](const train::parameter& a, const train::parameter& b) {
+    return std::memcmp(a.value(), b.value(), a.bytes()) == 0;
+  };
+  train::parameter a("a", 5), b("b", 5);
+  for (std::size_t i = 0; i < 5; ++i) a.value()[i] = b.value()[i] = 0.3f * static_cast<float>(i) - 0.7f;
+  train::sgd sa({&a}, {0.05f, 0.9f, 1e-2f, true}), sb({&b}, {0.05f, 0.9f, 1e-2f, true});
+  train::adamw aa({&a}, {1e-2f, 0.9f, 0.999f, 1e-8f, 1e-2f}), ab({&b}, {1e-2f, 0.9f, 0.999f, 1e-8f, 1e-2f});
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < 5; ++i) a.grad()[i] = b.grad()[i] = 0.1f * static_cast<float>(i + step) - 0.2f;
+    sa.step();
+    sb.update(0, 0, 2, b.grad());
+    sb.update(0, 2, 5, b.grad() + 2);
+    sb.end_step();
+    aa.step();
+    ab.update(0, 3, 5, b.grad() + 3);
+    ab.update(0, 0, 3, b.grad());
+    ab.end_step();
+    CHECK(same(a, b));
+    CHECK(std::memcmp(sa.state(0, 0), sb.state(0, 0), 5 * sizeof(float)) == 0);
+    CHECK(std::memcmp(aa.state(0, 1), ab.state(0, 1), 5 * sizeof(float)) == 0);
+  }
+  CHECK(sb.steps() == 3);
+  CHECK(ab.steps() == 3);
 }

@@ -178,6 +178,7 @@ class data_parallel {
       marked_ = o.marked_;
       o.next_launch_ = 0;
       sync_ = o.sync_;
+      deferred_ = o.deferred_;
       broken_ = std::move(o.broken_);
       timeline_ = std::move(o.timeline_);
       backward_end_us_ = o.backward_end_us_;
@@ -242,6 +243,14 @@ class data_parallel {
   void set_sync(bool on) noexcept { sync_ = on; }
   bool sync_enabled() const noexcept { return sync_; }
 
+  /// sharded_optimizer's switch: while on, grad_ready() and synchronize()
+  /// leave the gradients alone, because its step reduces them itself.
+  void defer_reduction(bool on) noexcept { deferred_ = on; }
+  bool reduction_deferred() const noexcept { return deferred_; }
+  /// The communicator and the options (after create(): the timeout resolved).
+  Comm& communicator() const noexcept { return *comm_; }
+  const dp_options& options() const noexcept { return opts_; }
+
   /// RAII form of set_sync(false): `{ auto g = ddp.no_sync(); ...backward... }`.
   class no_sync_guard {
    public:
@@ -269,7 +278,7 @@ class data_parallel {
   /// once, and a block that leaves a gap after the part marked so far is
   /// ignored (its bucket then goes in synchronize(), still correct).
   void grad_ready(const parameter& p, std::size_t begin, std::size_t end) {
-    if (!sync_ || size() == 1 || !broken_.ok()) return;
+    if (!sync_ || deferred_ || size() == 1 || !broken_.ok()) return;
     auto it = index_.find(&p);
     if (it == index_.end()) return;  // not ours: nothing to communicate
     const std::size_t i = it->second;
@@ -303,7 +312,7 @@ class data_parallel {
   /// once on one rank or while sync is off.
   status synchronize() {
     if (!broken_.ok()) return broken_;
-    if (!sync_ || size() == 1 || plan_.buckets.empty()) return {};
+    if (!sync_ || deferred_ || size() == 1 || plan_.buckets.empty()) return {};
     const auto backward_end = clock::now();
     if (marked_ == 0) step_start_ = backward_end;  // nobody called grad_ready: nothing overlapped
     poll_done();
@@ -548,6 +557,7 @@ class data_parallel {
   std::size_t next_launch_ = 0;  // buckets [0, next_launch_) are issued this step
   std::size_t marked_ = 0;       // grad_ready calls that counted this step
   bool sync_ = true;
+  bool deferred_ = false;  // defer_reduction()
   status broken_;
   std::vector<bucket_event> timeline_;
   double backward_end_us_ = 0;

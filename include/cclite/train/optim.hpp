@@ -13,8 +13,16 @@
 // save_state / load_state put the per-parameter buffers and counters into a
 // checkpoint under "<prefix>..." section names; load_state refuses a state
 // saved for different parameter shapes or a different optimiser.
+//
+// For a sharded step (train::sharded_optimizer) a step can also be taken in
+// parts: update(k, begin, end, g) updates elements [begin, end) of parameter
+// k from the gradient g, then end_step() once; step() is exactly that over
+// every parameter, so both give the same bits. The state buffers (state(k,
+// j), state_per_param of them per parameter) can be bound to memory the
+// caller owns, as parameter values can.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +42,62 @@
 
 namespace cclite::train {
 
+namespace detail {
+
+// An optimiser's per-parameter state (momentum, Adam's moments): `slots`
+// buffers of each parameter's size, owned here or bound to the caller's
+// storage (sharded_optimizer), zero-initialised.
+class state_buffers {
+ public:
+  state_buffers(const parameter_list& params, int slots) : slots_(static_cast<std::size_t>(slots)) {
+    for (const parameter* p : params)
+      for (std::size_t j = 0; j < slots_; ++j) {
+        own_.emplace_back(p->size(), 0.0f);
+        sizes_.push_back(p->size());
+      }
+    for (auto& v : own_) ptr_.push_back(v.data());
+  }
+  // A copy owns copies of the owned buffers and shares the bound ones.
+  state_buffers(const state_buffers& o) : slots_(o.slots_), own_(o.own_), sizes_(o.sizes_), ptr_(o.ptr_) {
+    for (std::size_t i = 0; i < ptr_.size(); ++i)
+      if (o.owned(i)) ptr_[i] = own_[i].data();
+  }
+  state_buffers& operator=(const state_buffers& o) {
+    if (this != &o) *this = state_buffers(o);
+    return *this;
+  }
+  state_buffers(state_buffers&&) noexcept = default;  // vectors keep their buffers
+  state_buffers& operator=(state_buffers&&) noexcept = default;
+
+  float* get(std::size_t k, int j) noexcept { return ptr_[k * slots_ + static_cast<std::size_t>(j)]; }
+  const float* get(std::size_t k, int j) const noexcept { return ptr_[k * slots_ + static_cast<std::size_t>(j)]; }
+
+  void bind(std::size_t k, int j, float* storage, bool copy) noexcept {
+    const std::size_t i = k * slots_ + static_cast<std::size_t>(j);
+    if (copy) std::copy(ptr_[i], ptr_[i] + sizes_[i], storage);
+    ptr_[i] = storage;
+    own_[i].clear();
+    own_[i].shrink_to_fit();
+  }
+  void use_own() {
+    for (std::size_t i = 0; i < ptr_.size(); ++i) {
+      if (owned(i)) continue;
+      own_[i].assign(ptr_[i], ptr_[i] + sizes_[i]);
+      ptr_[i] = own_[i].data();
+    }
+  }
+
+ private:
+  bool owned(std::size_t i) const noexcept { return ptr_[i] == own_[i].data() && own_[i].size() == sizes_[i]; }
+
+  std::size_t slots_;
+  std::vector<std::vector<float>> own_;
+  std::vector<std::size_t> sizes_;
+  std::vector<float*> ptr_;  // own_[i].data() or bound storage
+};
+
+}  // namespace detail
+
 /// torch.optim.SGD: g += wd * p; buf = momentum * buf + g (buf = g on the first
 /// step); p -= lr * (nesterov ? g + momentum * buf : buf).
 class sgd {
@@ -45,61 +109,74 @@ class sgd {
     bool nesterov = false;
   };
 
-  sgd(parameter_list params, options o) : params_(std::move(params)), o_(o) {
-    for (parameter* p : params_) buf_.emplace_back(p->size(), 0.0f);
-  }
+  sgd(parameter_list params, options o) : params_(std::move(params)), o_(o), state_(params_, state_per_param) {}
 
   float lr() const noexcept { return o_.lr; }
   void set_lr(float lr) noexcept { o_.lr = lr; }
   std::uint64_t steps() const noexcept { return steps_; }
+  const parameter_list& parameters() const noexcept { return params_; }
 
+  /// One step over every parameter, from parameter::grad().
   void step() {
+    for (std::size_t k = 0; k < params_.size(); ++k) update(k, 0, params_[k]->size(), params_[k]->grad());
+    end_step();
+  }
+
+  /// Part of a step: elements [begin, end) of parameter k, from their
+  /// gradient g[0, end - begin). end_step() after the last part.
+  void update(std::size_t k, std::size_t begin, std::size_t end, const float* g) noexcept {
     // Options in locals and one branch-free loop per case, with restrict
     // pointers: otherwise the compiler must assume the stores through w may
     // change o_ and reloads it per element, and the loop stays scalar.
     const float lr = o_.lr, wd = o_.weight_decay, mu = o_.momentum;
     const bool first = steps_ == 0, nesterov = o_.nesterov;
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      float* CCLITE_RESTRICT w = params_[k]->value();
-      const float* CCLITE_RESTRICT g = params_[k]->grad();
-      float* CCLITE_RESTRICT b = buf_[k].data();
-      const std::size_t n = params_[k]->size();
-      if (mu == 0.0f) {
-        for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
-      } else if (first) {
-        for (std::size_t i = 0; i < n; ++i) {
-          const float d = g[i] + wd * w[i];
-          b[i] = d;
-          w[i] -= lr * (nesterov ? d + mu * d : d);
-        }
-      } else if (!nesterov) {
-        for (std::size_t i = 0; i < n; ++i) {
-          const float v = mu * b[i] + (g[i] + wd * w[i]);
-          b[i] = v;
-          w[i] -= lr * v;
-        }
-      } else {
-        for (std::size_t i = 0; i < n; ++i) {
-          const float d = g[i] + wd * w[i];
-          const float v = mu * b[i] + d;
-          b[i] = v;
-          w[i] -= lr * (d + mu * v);
-        }
+    float* CCLITE_RESTRICT w = params_[k]->value() + begin;
+    float* CCLITE_RESTRICT b = state_.get(k, 0) + begin;
+    const std::size_t n = end - begin;
+    if (mu == 0.0f) {
+      for (std::size_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i]);
+    } else if (first) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * w[i];
+        b[i] = d;
+        w[i] -= lr * (nesterov ? d + mu * d : d);
+      }
+    } else if (!nesterov) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float v = mu * b[i] + (g[i] + wd * w[i]);
+        b[i] = v;
+        w[i] -= lr * v;
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * w[i];
+        const float v = mu * b[i] + d;
+        b[i] = v;
+        w[i] -= lr * (d + mu * v);
       }
     }
-    ++steps_;
   }
+  void end_step() noexcept { ++steps_; }
+
+  /// State per parameter: the momentum buffer (j = 0).
+  static constexpr int state_per_param = 1;
+  float* state(std::size_t k, int j) noexcept { return state_.get(k, j); }
+  /// Moves state buffer (k, j) to `storage` (the parameter's size in floats,
+  /// alive while bound), copying the current values unless `copy` is false.
+  void bind_state(std::size_t k, int j, float* storage, bool copy = true) noexcept { state_.bind(k, j, storage, copy); }
+  /// Back to state owned by the optimiser (copying the current values).
+  void use_own_state() { state_.use_own(); }
 
   void save_state(checkpoint& ck, const std::string& prefix = "optim.") const {
     ck.put_u64(prefix + "kind.sgd", steps_);
     for (std::size_t k = 0; k < params_.size(); ++k)
-      ck.put_floats(prefix + params_[k]->name() + ".momentum", buf_[k].data(), buf_[k].size());
+      ck.put_floats(prefix + params_[k]->name() + ".momentum", state_.get(k, 0), params_[k]->size());
   }
   status load_state(const checkpoint& ck, const std::string& prefix = "optim.") {
     auto s = ck.get_u64(prefix + "kind.sgd");
     if (!s) return make_error(errc::invalid_argument, "checkpoint holds no SGD state (saved by another optimiser?)");
     for (std::size_t k = 0; k < params_.size(); ++k)
-      CCLITE_TRY(ck.get_floats(prefix + params_[k]->name() + ".momentum", buf_[k].data(), buf_[k].size()));
+      CCLITE_TRY(ck.get_floats(prefix + params_[k]->name() + ".momentum", state_.get(k, 0), params_[k]->size()));
     steps_ = s.value();
     return {};
   }
@@ -107,7 +184,7 @@ class sgd {
  private:
   parameter_list params_;
   options o_;
-  std::vector<std::vector<float>> buf_;
+  detail::state_buffers state_;
   std::uint64_t steps_ = 0;
 };
 
@@ -175,54 +252,70 @@ class adamw {
     float weight_decay = 1e-2f;
   };
 
-  adamw(parameter_list params, options o) : params_(std::move(params)), o_(o) {
-    for (parameter* p : params_) {
-      m_.emplace_back(p->size(), 0.0f);
-      v_.emplace_back(p->size(), 0.0f);
-    }
-  }
+  adamw(parameter_list params, options o) : params_(std::move(params)), o_(o), state_(params_, state_per_param) {}
 
   float lr() const noexcept { return o_.lr; }
   void set_lr(float lr) noexcept { o_.lr = lr; }
   std::uint64_t steps() const noexcept { return steps_; }
+  const parameter_list& parameters() const noexcept { return params_; }
 
+  /// One step over every parameter, from parameter::grad().
   void step() {
-    ++steps_;
-    // Bias corrections in double, as PyTorch computes them in Python floats.
-    const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), static_cast<double>(steps_));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), static_cast<double>(steps_));
-    const float step_size = static_cast<float>(o_.lr / bc1);
-    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    const float decay = 1.0f - o_.lr * o_.weight_decay;
-    for (std::size_t k = 0; k < params_.size(); ++k) {
-      detail::adamw_update(params_[k]->value(), params_[k]->grad(), m_[k].data(), v_[k].data(), params_[k]->size(),
-                           decay, o_.beta1, o_.beta2, o_.eps, step_size, bc2_sqrt);
-    }
+    for (std::size_t k = 0; k < params_.size(); ++k) update(k, 0, params_[k]->size(), params_[k]->grad());
+    end_step();
   }
+
+  /// Part of a step: elements [begin, end) of parameter k, from their
+  /// gradient g[0, end - begin). end_step() after the last part.
+  void update(std::size_t k, std::size_t begin, std::size_t end, const float* g) noexcept {
+    const std::uint64_t t = steps_ + 1;
+    if (coef_.t != t || coef_.lr != o_.lr) {
+      // Bias corrections in double, as PyTorch computes them in Python floats.
+      const double bc1 = 1.0 - std::pow(static_cast<double>(o_.beta1), static_cast<double>(t));
+      const double bc2 = 1.0 - std::pow(static_cast<double>(o_.beta2), static_cast<double>(t));
+      coef_ = {t, o_.lr, static_cast<float>(o_.lr / bc1), static_cast<float>(std::sqrt(bc2))};
+    }
+    const float decay = 1.0f - o_.lr * o_.weight_decay;
+    detail::adamw_update(params_[k]->value() + begin, g, state_.get(k, 0) + begin, state_.get(k, 1) + begin,
+                         end - begin, decay, o_.beta1, o_.beta2, o_.eps, coef_.step_size, coef_.bc2_sqrt);
+  }
+  void end_step() noexcept { ++steps_; }
+
+  /// State per parameter: exp_avg (j = 0) and exp_avg_sq (j = 1).
+  static constexpr int state_per_param = 2;
+  float* state(std::size_t k, int j) noexcept { return state_.get(k, j); }
+  /// As sgd::bind_state.
+  void bind_state(std::size_t k, int j, float* storage, bool copy = true) noexcept { state_.bind(k, j, storage, copy); }
+  void use_own_state() { state_.use_own(); }
 
   void save_state(checkpoint& ck, const std::string& prefix = "optim.") const {
     ck.put_u64(prefix + "kind.adamw", steps_);
     for (std::size_t k = 0; k < params_.size(); ++k) {
-      ck.put_floats(prefix + params_[k]->name() + ".exp_avg", m_[k].data(), m_[k].size());
-      ck.put_floats(prefix + params_[k]->name() + ".exp_avg_sq", v_[k].data(), v_[k].size());
+      ck.put_floats(prefix + params_[k]->name() + ".exp_avg", state_.get(k, 0), params_[k]->size());
+      ck.put_floats(prefix + params_[k]->name() + ".exp_avg_sq", state_.get(k, 1), params_[k]->size());
     }
   }
   status load_state(const checkpoint& ck, const std::string& prefix = "optim.") {
     auto s = ck.get_u64(prefix + "kind.adamw");
     if (!s) return make_error(errc::invalid_argument, "checkpoint holds no AdamW state (saved by another optimiser?)");
     for (std::size_t k = 0; k < params_.size(); ++k) {
-      CCLITE_TRY(ck.get_floats(prefix + params_[k]->name() + ".exp_avg", m_[k].data(), m_[k].size()));
-      CCLITE_TRY(ck.get_floats(prefix + params_[k]->name() + ".exp_avg_sq", v_[k].data(), v_[k].size()));
+      CCLITE_TRY(ck.get_floats(prefix + params_[k]->name() + ".exp_avg", state_.get(k, 0), params_[k]->size()));
+      CCLITE_TRY(ck.get_floats(prefix + params_[k]->name() + ".exp_avg_sq", state_.get(k, 1), params_[k]->size()));
     }
     steps_ = s.value();
     return {};
   }
 
  private:
+  struct coefficients {
+    std::uint64_t t = 0;  // the step they are for (0: none yet)
+    float lr = 0, step_size = 0, bc2_sqrt = 0;
+  };
   parameter_list params_;
   options o_;
-  std::vector<std::vector<float>> m_, v_;
+  detail::state_buffers state_;
   std::uint64_t steps_ = 0;
+  coefficients coef_;
 };
 
 /// Parameter values into / out of a checkpoint, as "<prefix><name>" sections.

@@ -4,7 +4,9 @@
 // points either into the parameter's own storage or, once a data_parallel
 // wrapper adopted it, into that wrapper's communication buckets (the
 // "gradient as bucket view" layout of PyTorch DDP): backward then writes the
-// gradient straight into the memory the allreduce sends, with no copy.
+// gradient straight into the memory the allreduce sends, with no copy. The
+// values can move the same way (bind_value): a sharded_optimizer keeps them
+// in memory every rank of the node maps.
 //
 // Backward *accumulates* into `grad` (+=), so several micro-batches add up
 // until someone zeroes it (gradient accumulation). Parameters are movable but
@@ -19,25 +21,56 @@
 
 namespace cclite::train {
 
+/// A view of n floats (what values() returns; C++17 has no std::span).
+template <class T>
+struct float_view {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  T* begin() const noexcept { return ptr; }
+  T* end() const noexcept { return ptr + n; }
+  T* data() const noexcept { return ptr; }
+  std::size_t size() const noexcept { return n; }
+  T& operator[](std::size_t i) const noexcept { return ptr[i]; }
+};
+
 class parameter {
  public:
   parameter() = default;
-  parameter(std::string name, std::size_t count) : name_(std::move(name)), value_(count, 0.0f) {
+  parameter(std::string name, std::size_t count) : name_(std::move(name)), size_(count), own_value_(count, 0.0f) {
+    value_ = own_value_.data();
     use_own_grad();
   }
-  parameter(parameter&&) noexcept = default;  // vectors keep their buffers: grad stays valid
+  parameter(parameter&&) noexcept = default;  // vectors keep their buffers: value and grad stay valid
   parameter& operator=(parameter&&) noexcept = default;
   parameter(const parameter&) = delete;
   parameter& operator=(const parameter&) = delete;
 
   const std::string& name() const noexcept { return name_; }
-  std::size_t size() const noexcept { return value_.size(); }
-  std::size_t bytes() const noexcept { return value_.size() * sizeof(float); }
+  std::size_t size() const noexcept { return size_; }
+  std::size_t bytes() const noexcept { return size_ * sizeof(float); }
 
-  float* value() noexcept { return value_.data(); }
-  const float* value() const noexcept { return value_.data(); }
-  std::vector<float>& values() noexcept { return value_; }
-  const std::vector<float>& values() const noexcept { return value_; }
+  float* value() noexcept { return value_; }
+  const float* value() const noexcept { return value_; }
+  float_view<float> values() noexcept { return {value_, size_}; }
+  float_view<const float> values() const noexcept { return {value_, size_}; }
+
+  /// Moves the values to `storage` (size() floats, owned by the caller, who
+  /// must keep it alive while it is bound), copying the current ones there
+  /// unless `copy` is false (storage already holds them).
+  void bind_value(float* storage, bool copy = true) noexcept {
+    if (copy) std::copy(value_, value_ + size_, storage);
+    value_ = storage;
+    own_value_.clear();
+    own_value_.shrink_to_fit();
+  }
+  /// Back to values owned by the parameter (copying the current ones).
+  void use_own_value() {
+    if (value_ == own_value_.data() && own_value_.size() == size_) return;
+    std::vector<float> v(value_, value_ + size_);
+    own_value_ = std::move(v);
+    value_ = own_value_.data();
+  }
+  bool owns_value() const noexcept { return value_ == own_value_.data() && own_value_.size() == size_; }
 
   /// Where backward accumulates this parameter's gradient (size() floats).
   float* grad() noexcept { return grad_; }
@@ -65,7 +98,9 @@ class parameter {
 
  private:
   std::string name_;
-  std::vector<float> value_;
+  std::size_t size_ = 0;
+  std::vector<float> own_value_;
+  float* value_ = nullptr;  // own_value_ or bound storage
   std::vector<float> own_grad_;
   float* grad_ = nullptr;
 };

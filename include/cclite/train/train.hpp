@@ -4,6 +4,8 @@
 //
 //   data_parallel.hpp  parameter broadcast, gradient buckets allreduced while
 //                      backward runs, no_sync accumulation
+//   sharded_optimizer.hpp  the optimiser step sharded over a node's ranks and
+//                      fused with the gradient reduction (ZeRO-1 on shared memory)
 //   sampler.hpp        each rank's shard of a seeded, shuffled epoch
 //   checkpoint.hpp     atomic, checksummed save; truncated/corrupt files refused
 //   optim.hpp          SGD (momentum), AdamW; parameter/optimiser checkpointing
@@ -24,3 +26,4 @@
 #include <cclite/train/parameter.hpp>
 #include <cclite/train/random.hpp>
 #include <cclite/train/sampler.hpp>
+#include <cclite/train/sharded_optimizer.hpp>
