@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -206,6 +208,61 @@ TEST_CASE("allreduce: shm-direct forced on one node") {
   run_matrix(3, net::shm_only, "allreduce:direct", false);
   run_matrix(8, net::shm_only, "direct", false);
   run_matrix(4, net::mixed, "allreduce:direct", false);
+}
+
+namespace {
+// Resident KiB of this process's mappings of shm segments whose name holds
+// `part` (smaps: "/dev/shm/cclite-<job>-<part>-<rank> (deleted)").
+long shm_rss_kib(const char* part) {
+  std::FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return -1;
+  char line[512];
+  bool in = false;
+  long kib = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long lo = 0, hi = 0;
+    char perms[8];
+    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3)  // a mapping's first line
+      in = std::strstr(line, "/cclite-") && std::strstr(line, part);
+    else if (in && std::strncmp(line, "Rss:", 4) == 0)
+      kib += std::atol(line + 4);
+  }
+  std::fclose(f);
+  return kib;
+}
+}  // namespace
+
+// Memory at rest (the embedded issue's budget: < 16 MiB per rank): small
+// allreduces and barriers set up the shm-direct group's header pages only
+// (one page per rank); its 2 x 1 MiB data areas per rank are mapped by the
+// first allreduce that uses them, not before.
+TEST_CASE("allreduce: small calls and barriers leave the shm-direct data areas unmapped") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      2,
+      [&](int rank, int size) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, size);
+        float x[4] = {1, 2, 3, 4};
+        for (int i = 0; i < 10; ++i) MP_REQUIRE_OK(c->allreduce(x, 4));
+        MP_REQUIRE_OK(c->barrier());
+        const long small = shm_rss_kib("-small-"), areas = shm_rss_kib("-direct-");
+        if (!(small > 0 && small <= 16)) std::fprintf(stderr, "rank %d: small group %ld KiB resident\n", rank, small);
+        MP_CHECK(small > 0 && small <= 16);  // a 4 KiB page per rank, 2 ranks (some slack)
+        MP_CHECK(areas == 0);
+        std::vector<float> big(64 << 10, 1.0f);
+        MP_REQUIRE_OK(c->allreduce(big.data(), big.size()));  // CCLITE_ALGO=direct below
+        MP_CHECK(shm_rss_kib("-direct-") >= 256);
+        MP_CHECK(big[123] == 2.0f);
+        MP_REQUIRE_OK(c->barrier());
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(net::shm_only, rank, 2);
+        ::setenv("CCLITE_ALGO", "allreduce:direct", 1);
+      });
+  INFO(r.describe());
+  CHECK(r.all_ok());
 }
 
 // The automatic choice on one node of shm ranks, with the default figures,

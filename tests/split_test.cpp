@@ -28,7 +28,8 @@ namespace {
 
 // The connections this process holds: sockets among its fds, and shared
 // memory mappings (an shm link keeps its segment mapped, not open). The
-// shm-direct algorithm's buffers ("-direct-") are per communicator, not links.
+// shm-direct algorithm's buffers ("-direct-") and its small calls' header
+// pages ("-small-") are per communicator, not links.
 struct conns {
   int sockets = 0, shm_maps = 0;
   bool operator==(const conns& o) const { return sockets == o.sockets && shm_maps == o.shm_maps; }
@@ -49,7 +50,9 @@ conns count_conns() {
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line))
-    if (line.find("/dev/shm/") != std::string::npos && line.find("-direct-") == std::string::npos) ++c.shm_maps;
+    if (line.find("/dev/shm/") != std::string::npos && line.find("-direct-") == std::string::npos &&
+        line.find("-small-") == std::string::npos)
+      ++c.shm_maps;
   return c;
 }
 

@@ -167,6 +167,24 @@ class comm_shared : public comm_algorithms<Transports...> {
     }
   }
 
+  // The small path's group (header pages only), built by the first small
+  // call in the same way.
+  status ensure_small(deadline until) {
+    if constexpr (has_direct) {
+      if (small_) return {};
+      CCLITE_TRY(this->agree_on_call(until));
+      auto spin = spin_from_env();
+      if (!spin) return spin.error();
+      auto g = direct_t::create_small(*this->kv_, tag_, peers_, rank_, &aborted_, spin.value(), until);
+      if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
+      small_ = std::move(g.value());
+      return {};
+    } else {
+      (void)until;
+      return make_error(errc::unsupported, "shm-direct needs the shm transport");
+    }
+  }
+
   status run_direct_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
                               const reduction& red, deadline until) {
     if constexpr (has_direct) {
@@ -197,8 +215,9 @@ class comm_shared : public comm_algorithms<Transports...> {
 
   // Small allreduces and barriers on one node (shm/direct.hpp, "Small
   // allreduces"; a barrier is an allreduce of nothing). Once the node-wide
-  // group exists they need no link traffic at all (dispatch_checked takes
-  // this path ahead of the header exchange): the call header travels in the
+  // small group exists (header pages only: a page per rank, nothing at rest)
+  // they need no link traffic at all (dispatch_checked takes this path ahead
+  // of the header exchange): the call header travels in the
   // group's slot beside the data and the ranks compare it there. Every rank
   // decides alike: the group is built by the same call everywhere (the first
   // small call goes through dispatch(), over the links) and the size is in
@@ -210,14 +229,14 @@ class comm_shared : public comm_algorithms<Transports...> {
     if (d.kind == collective_kind::barrier) return select_.small_direct(0);
     return d.kind == collective_kind::allreduce && select_.small_direct(d.count * size_of(d.type));
   }
-  bool small_direct_ready(const op_desc& d) const { return direct_ && small_direct(d); }
+  bool small_direct_ready(const op_desc& d) const { return small_ && small_direct(d); }
 
   // `h`: this call's header, or null when checking is off. `linkless`: the
   // call sent nothing down the links (else its header went to the ring
   // successor as usual, and the wait only looks for a closed link).
   status run_small_allreduce(const op_desc& d, const call_header* h, bool linkless, deadline until) {
     if constexpr (has_direct) {
-      CCLITE_TRY(ensure_direct(until));
+      CCLITE_TRY(ensure_small(until));
       const reduction red = reduction_for(d.type, d.op);
       const std::size_t count = d.kind == collective_kind::barrier ? 0 : d.count;
       static_assert(call_header::compact_bytes == group_t::small_tag_bytes, "small tag size");
@@ -228,11 +247,11 @@ class comm_shared : public comm_algorithms<Transports...> {
       auto probe = [&]() -> status {
         return h && linkless ? this->stray_on_link(prev, *h) : this->link_status(prev);
       };
-      status st = direct_->allreduce_small(static_cast<const std::uint8_t*>(d.send), static_cast<std::uint8_t*>(d.recv),
+      status st = small_->allreduce_small(static_cast<const std::uint8_t*>(d.send), static_cast<std::uint8_t*>(d.recv),
                                            count, red, red.needs_divide ? size_ : 0, until, h ? tag : nullptr,
                                            &odd, probe);
       if (st.code() == errc::mismatch && odd >= 0 && h)
-        return mismatch_error(*h, rank_, call_header::decode_compact(direct_->small_tag_of(odd)),
+        return mismatch_error(*h, rank_, call_header::decode_compact(small_->small_tag_of(odd)),
                               peers_[static_cast<std::size_t>(odd)].rank);
       return st;
     } else {
@@ -310,7 +329,8 @@ class comm_shared : public comm_algorithms<Transports...> {
 
   std::vector<std::unique_ptr<group_t>> windows_;  // alloc_shared()
   int windows_made_ = 0;  // names each window's segments (ids are never reused)
-  std::unique_ptr<group_t> direct_;
+  std::unique_ptr<group_t> direct_;  // shm-direct allreduces (header page + 2 areas per member)
+  std::unique_ptr<group_t> small_;   // small allreduces and barriers (header page only: nothing at rest)
   std::size_t direct_bytes_ = 1 << 20;  // CCLITE_SHM_DIRECT_BUFFSIZE
 };
 

@@ -441,7 +441,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     switch (d.kind) {
       case collective_kind::allreduce:
         if (n == 1) return local_copy(send, recv, bytes);
-        // The first small call builds the node-wide group (later ones take
+        // The first small call builds the node-wide small group (later ones take
         // dispatch_checked's small path, ahead of the header exchange).
         if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
         if (auto* w = this->window_call(d)) return run_window_allreduce(*w, recv, d.count, red, until);

@@ -91,6 +91,15 @@ class direct_group {
     return create_named(kv, job_tag, "direct", members, me, capacity, 2, aborted, spin, until);
   }
 
+  /// The header page alone, for allreduce_small() and barriers: one page per
+  /// member, where create() maps 2 x capacity more (collective, as create()).
+  static result<std::unique_ptr<direct_group>> create_small(store& kv, const std::string& job_tag,
+                                                             const std::vector<peer_info>& members, int me,
+                                                             const std::atomic<bool>* aborted,
+                                                             std::chrono::nanoseconds spin, deadline until) {
+    return create_named(kv, job_tag, "small", members, me, 0, 0, aborted, spin, until);
+  }
+
   /// A shared window of `bytes` per member (collective, as create()):
   /// window_data() is this member's, zero-filled; `id` names it (unique per
   /// communicator, the same on every member).
