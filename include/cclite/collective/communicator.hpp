@@ -228,6 +228,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
   /// Color that leaves a rank out of every sub-communicator of split().
   static constexpr int no_color = -1;
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// Splits the ranks like MPI_Comm_split / ncclCommSplit: ranks passing the
   /// same `color` (>= 0) form a new communicator, ordered by (`key`, rank
   /// here); a rank passing no_color gets a null pointer. Collective: every
@@ -261,6 +262,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     CCLITE_TRY(hold_links(hold, deadline::after(timeout_)));
     return make_child(ranks, where, std::move(opts), false);
   }
+CCLITE_SETUP_CODE_END
 
   /// Memory every local rank maps, a peer's copy of it, and its release: see comm_shared.hpp.
   using core::alloc_shared;
@@ -294,6 +296,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
   communicator(std::shared_ptr<typename core::pool_t> pool, std::vector<int> root_of, int rank)
       : core(std::move(pool), std::move(root_of), rank), queue_(*this) {}
 
+CCLITE_SETUP_CODE_BEGIN
   status finish_init() {
     auto piece = env::get_int("SHM_DIRECT_BUFFSIZE", 1 << 20, false);
     if (!piece) return piece.error();
@@ -331,6 +334,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     CCLITE_TRY(c->finish_init());
     return c;
   }
+CCLITE_SETUP_CODE_END
 
 
   // ---- execution ------------------------------------------------------------------------
@@ -515,6 +519,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     return make_error(errc::unsupported, "collective %d not implemented", static_cast<int>(d.kind));
   }
 
+CCLITE_SETUP_CODE_BEGIN  // error messages and the hierarchical set-up: compiled for size
   std::string describe_call(const op_desc& d, std::uint64_t seq) const {
     char buf[200];
     if (d.kind == collective_kind::barrier) {
@@ -527,7 +532,10 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     return buf;
   }
 
+CCLITE_SETUP_CODE_END
+
   // INFO: the algorithm of each call, once per (collective, power-of-two size class).
+  // (Outside the region: every call runs its first line.)
   void log_call(const op_desc& d) {
     if (!log_.enabled(log_level::info)) return;
     std::size_t bytes = d.count * (d.kind == collective_kind::barrier ? 0 : size_of(d.type));
@@ -556,6 +564,7 @@ class communicator final : private detail::comm_shared<Transports...>, private d
     CCLITE_TRACE(log_, "%s #%" PRIu64 ": count %zu", to_string(d.kind), seq_, d.count);
   }
 
+CCLITE_SETUP_CODE_BEGIN
   static const char* algorithm_name(collective_kind k) {
     switch (k) {
       case collective_kind::broadcast: return "ring chain";
@@ -596,6 +605,8 @@ class communicator final : private detail::comm_shared<Transports...>, private d
                 lr, hier_cross_->size(), hier_cross_->size() > 1 ? hier_cross_->transport_of((hier_cross_->rank() + 1) % hier_cross_->size()) : "self");
     return {};
   }
+
+CCLITE_SETUP_CODE_END
 
   // Reduce-scatter inside the node (shard `local rank` of local_size shards
   // lands in place), allreduce of that shard across nodes, allgather inside

@@ -35,6 +35,8 @@
 // order than its peer is reported, not fed the other communicator's data.
 #pragma once
 
+#include <cclite/config.hpp>
+
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -122,6 +124,7 @@ struct call_header {
     return h;
   }
 
+CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
   /// "allreduce(count=1024, float, sum)", "broadcast(count=8, int32, root=1)".
   std::string describe() const {
     if (magic != magic_value) return "something else (no collective header: a point-to-point call or stray bytes)";
@@ -143,6 +146,7 @@ struct call_header {
       n += std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), ", root=%d", root);
     return std::string(buf) + ")";
   }
+CCLITE_SETUP_CODE_END
 
   static bool reduces(collective_kind k) {
     return k == collective_kind::allreduce || k == collective_kind::reduce || k == collective_kind::reduce_scatter;
@@ -198,6 +202,7 @@ inline call_header make_call_header(const op_desc& d, int size, std::uint64_t se
 /// The error a rank reports when the header from `peer` differs from what it
 /// expected: "allreduce #12: rank 0 called allreduce(count=1024, float, sum)
 /// but rank 1 called allreduce(count=1000, float, sum)".
+CCLITE_SETUP_CODE_BEGIN
 inline status mismatch_error(const call_header& mine, int self, const call_header& theirs, int peer) {
   std::string m = std::string(to_string(static_cast<collective_kind>(mine.kind))) + " #" +
                   std::to_string(mine.seq) + ": rank " + std::to_string(self) + " called " + mine.describe() +
@@ -212,6 +217,7 @@ inline status mismatch_error(const call_header& mine, int self, const call_heade
   m += "; every rank must issue the same collectives in the same order with the same count, dtype, op and root";
   return status(errc::mismatch, std::move(m));
 }
+CCLITE_SETUP_CODE_END
 
 /// Per-collective header bookkeeping of one communicator: which peers got our
 /// header and whose header we checked, as the collective number of the last

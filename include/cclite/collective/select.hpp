@@ -21,6 +21,8 @@
 //              schedule (direct gather/scatter, pairwise alltoall)
 #pragma once
 
+#include <cclite/config.hpp>
+
 #include <cstring>
 #include <string>
 
@@ -59,6 +61,7 @@ inline bool available(collective_kind k, algorithm a) noexcept {
 
 class algorithm_selector {
  public:
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// Reads CCLITE_ALGO and CCLITE_RD_MAX; unknown names are an error (a typo
   /// must not silently measure the wrong algorithm).
   status init(const logger& log) {
@@ -110,6 +113,7 @@ class algorithm_selector {
     }
     return {};
   }
+CCLITE_SETUP_CODE_END
 
   /// Tells the model the job's slowest link kind and the pipeline chunk; all
   /// ranks must pass the same values so that they choose alike.

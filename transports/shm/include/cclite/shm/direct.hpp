@@ -79,6 +79,7 @@ class direct_group {
   };
 
  public:
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// Collective over `members` (the peer_info of every member, the same list
   /// in the same order on each; `me` is this rank's index in it). `kv` is the
   /// communicator's store, where the shm transport published each rank's pid
@@ -168,6 +169,8 @@ class direct_group {
     CCLITE_TRY(g->segs_[static_cast<std::size_t>(me)].unlink());
     return g;
   }
+
+CCLITE_SETUP_CODE_END
 
  public:
   /// The default probe of the waits below (`probe()`: called every 10 ms
