@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -149,4 +150,41 @@ TEST_CASE("train_fashion_mnist: train, resume, kill mid-epoch and resume, refuse
   CHECK(e.rc != 0);
   CHECK(has(e.text, "corrupt"));
   CHECK_FALSE(has(e.text, "epoch 4/5:"));
+}
+
+// --shard-optimizer 1 (train::sharded_optimizer) trains the same model as the
+// plain step, bit for bit: the losses and accuracies printed per epoch agree,
+// for SGD and AdamW, and the job says it runs sharded.
+TEST_CASE("train_fashion_mnist: --shard-optimizer 1 prints the plain step's losses") {
+  if (!have_trainer() || !have_dataset()) {
+    MESSAGE("train_fashion_mnist or dataset-fashion-mnist missing: skipped");
+    return;
+  }
+  // "train loss 0.6698 ... test loss 0.4786, test accuracy 0.8206" of every epoch line.
+  auto figures = [](const std::string& text) {
+    std::string out;
+    std::size_t at = 0;
+    while ((at = text.find("train loss ", at)) != std::string::npos) {
+      const std::size_t end = text.find('\n', at);
+      std::string line = text.substr(at, end - at);
+      const std::size_t sync = line.find(" (");
+      const std::size_t test = line.find("test loss");
+      out += line.substr(0, sync) + " | " + (test == std::string::npos ? "" : line.substr(test, 40)) + "\n";
+      at = end;
+    }
+    return out;
+  };
+  for (const char* opt : {"sgd", "adamw"}) {
+    const std::string common = std::string("--epochs 2 --no-checkpoint --optimizer ") + opt;
+    run_out plain = sh(job(common + " --shard-optimizer 0"));
+    run_out sharded = sh(job(common + " --shard-optimizer 1"));
+    INFO(plain.text, sharded.text);
+    REQUIRE(plain.rc == 0);
+    REQUIRE(sharded.rc == 0);
+    CHECK(has(sharded.text, "the optimiser step is sharded over 2 ranks"));
+    CHECK_FALSE(has(plain.text, "sharded"));
+    const std::string a = figures(plain.text), b = figures(sharded.text);
+    CHECK(std::count(a.begin(), a.end(), '\n') == 2);
+    CHECK(a == b);
+  }
 }
