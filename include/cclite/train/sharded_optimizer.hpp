@@ -168,21 +168,26 @@ class sharded_optimizer {
       auto v = c.alloc_shared(n * sizeof(float));
       if (!v) return v.error();
       values_win_ = static_cast<float*>(v.value());
-      auto s = c.alloc_shared(n * sizeof(float) * static_cast<std::size_t>(S));
+      // State slot j at j x stride: slices cut at 16 floats stay on their own lines.
+      const std::size_t stride = (n + 15) & ~std::size_t{15};
+      auto s = c.alloc_shared(stride * sizeof(float) * static_cast<std::size_t>(S));
       if (!s) return s.error();
       state_win_ = static_cast<float*>(s.value());
       if (me == 0) {
         for (std::size_t k = 0; k < mine.size(); ++k)
           for (int j = 0; j < S; ++j)
-            std::copy(opt_->state(k, j), opt_->state(k, j) + mine[k]->size(), state_win_ + j * n + where[k]);
+            std::copy(opt_->state(k, j), opt_->state(k, j) + mine[k]->size(),
+                      state_win_ + static_cast<std::size_t>(j) * stride + where[k]);
       }
       CCLITE_TRY(c.barrier());  // rank 0's state is in place
       auto s0 = c.shared_peer(state_win_, 0);
       if (!s0) return s0.error();
       auto* state = static_cast<float*>(s0.value());
-      for (std::size_t i = 0; i < params.size(); ++i) params[i]->bind_value(values_win_ + plan.param_offset[i]);  // copies
+      for (std::size_t i = 0; i < params.size(); ++i)
+        params[i]->bind_value(values_win_ + plan.param_offset[i]);  // copies this rank's values
       for (std::size_t k = 0; k < mine.size(); ++k)
-        for (int j = 0; j < S; ++j) opt_->bind_state(k, j, state + j * n + where[k], false);
+        for (int j = 0; j < S; ++j)
+          opt_->bind_state(k, j, state + static_cast<std::size_t>(j) * stride + where[k], /*copy=*/false);
       bound_ = true;
       // Every rank's gradient and values windows, and the slices (cut at 16 floats).
       grads_.clear();
