@@ -10,12 +10,14 @@
 // with the uninterrupted run's bits); after the wrapper goes, every rank has
 // its own copy of the values again and plain steps go on; over TCP (no shared
 // windows) it falls back to synchronize + step; stepping with sync off and an
-// optimiser parameter data_parallel does not know are refused.
+// optimiser parameter data_parallel does not know are refused; a rank killed
+// mid-training is named by the survivors' step().
 #include <cclite/cclite.hpp>
 #include <cclite/train/train.hpp>
 
 #include <doctest/doctest.h>
 
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -281,4 +283,56 @@ TEST_CASE("sharded_optimizer: over TCP it is synchronize() + step(); refusals") 
       std::chrono::seconds(120));
   INFO(r.describe());
   CHECK(r.all_ok());
+}
+
+// A rank killed while the others train sharded: the survivors' step() returns
+// peer_lost naming it (the step's barriers watch the peers' liveness), well
+// before the timeout, and the wrapper stays broken.
+TEST_CASE("sharded_optimizer: a rank killed mid-training is named by the survivors' step(), no hang") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      3,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        const std::string victim = c->peer(1).describe();
+        const int micro = global_batch / sz;
+        train::set_compute_threads(1);
+        train::mlp net(layer_sizes, micro, 5);
+        auto made = train::data_parallel<default_communicator>::create(*c, net.parameters());
+        MP_REQUIRE_OK(made);
+        auto& ddp = made.value();
+        train::sgd opt(net.parameters(), {0.05f, 0.9f});
+        train::sharded_optimizer<default_communicator, train::sgd> zo(ddp, opt);
+        MP_REQUIRE(zo.fused());
+        std::vector<float> x;
+        std::vector<std::uint8_t> y;
+        for (int s = 0; s < 100000; ++s) {
+          if (rank == 1 && s == 50) ::raise(SIGKILL);
+          batch(s, rank, sz, x, y);
+          train::softmax_cross_entropy(net.forward(x.data(), micro), y.data(), micro, classes, net.output_grad(),
+                                       1.0f / static_cast<float>(micro));
+          net.backward(micro, [&](train::parameter& q) { ddp.grad_ready(q); }, false);
+          status st = zo.step();
+          if (st.ok()) continue;
+          if (st.code() != errc::peer_lost || st.message().find(victim) == std::string::npos)
+            std::fprintf(stderr, "rank %d: expected peer_lost naming %s, got %s\n", rank, victim.c_str(),
+                         st.to_string().c_str());
+          MP_CHECK(st.code() == errc::peer_lost);
+          MP_CHECK(st.message().find(victim) != std::string::npos);
+          MP_CHECK(st.message().find("sharded_optimizer") != std::string::npos);
+          MP_CHECK(zo.step().code() == errc::peer_lost);  // stays broken
+          return s >= 49 ? 0 : 1;
+        }
+        return 1;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(test::net::shm_only, rank, 3);
+        ::setenv("CCLITE_TIMEOUT", "60", 1);  // the loss must be reported well before this
+      });
+  INFO(r.describe());
+  CHECK(r.exit_codes[0] == 0);
+  CHECK(r.exit_codes[1] == -SIGKILL);
+  CHECK(r.exit_codes[2] == 0);
+  CHECK_FALSE(r.timed_out);
 }
