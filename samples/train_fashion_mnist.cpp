@@ -113,7 +113,8 @@ void usage() {
       "                        ranks share one node): reduced in place, without staging copies\n"
       "  --accumulate K        micro-batches per step, communicating only the last (default 1)\n"
       "  --progress auto|bar|lines|none  (auto: bar on a terminal, lines otherwise)\n"
-      "  --timeline N          print the bucket timeline of the first N steps of each epoch\n"
+      "  --timeline N          print the bucket timeline of the first N steps of each epoch (not with\n"
+      "                        --shard-optimizer 1: no buckets then)\n"
       "  --max-steps N         stop each epoch after N steps (quick runs)\n"
       "  --profile             print per epoch the median time of each phase of a step (rank 0)\n",
       sample::default_fashion_mnist_dir());
@@ -442,7 +443,7 @@ int main(int argc, char** argv) {
         prof[ph_step].push_back(us(end - step_start));
       }
       sampler.set_position(begin + static_cast<std::size_t>(this_batch));
-      if (rank == 0 && step < a.timeline) {
+      if (rank == 0 && step < a.timeline && !opt.fused()) {  // fused: no buckets to show
         std::printf("timeline epoch %d step %ld: backward done at %.0f us;", epoch + 1, step, ddp.backward_end_us());
         const auto& tl = ddp.timeline();
         for (std::size_t b = 0; b < tl.size(); ++b)
