@@ -104,12 +104,13 @@ class sharded_optimizer {
   ~sharded_optimizer() {
     if (!fused_) return;
     ddp_->defer_reduction(false);
-    if (!bound_) return;
-    for (parameter* p : ddp_->parameters()) p->use_own_value();
-    opt_->use_own_state();
-    if constexpr (detail::has_shared_peer<Comm>::value) {
-      (void)ddp_->communicator().free_shared(values_win_);
-      (void)ddp_->communicator().free_shared(state_win_);
+    if (bound_) {
+      for (parameter* p : ddp_->parameters()) p->use_own_value();
+      opt_->use_own_state();
+    }
+    if constexpr (detail::has_shared_peer<Comm>::value) {  // also after a set-up that failed half-way
+      if (values_win_) (void)ddp_->communicator().free_shared(values_win_);
+      if (state_win_) (void)ddp_->communicator().free_shared(state_win_);
     }
   }
 
