@@ -8,10 +8,12 @@
 #include <cclite/core/log.hpp>
 #include <cclite/core/reduce.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/core/stream_copy.hpp>
 #include <cclite/topology/topology.hpp>
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ios>
 #include <cstring>
@@ -115,6 +117,24 @@ TEST_CASE("signed integer sums wrap instead of overflowing") {
   std::int64_t x = INT64_MAX, y = 1;
   reduction_for(dtype::int64, reduce_op::sum).inplace(&x, &y, 1);
   CHECK(x == INT64_MIN);
+}
+
+TEST_CASE("stream_copy: same bytes as memcpy at every alignment and length") {
+  // Head, 64-byte body and tail are copied by different code; shift both
+  // ends through a 16-byte period and check the bytes around the copy too.
+  std::vector<std::uint8_t> src(4096 + 64), dst(4096 + 64);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::uint8_t>(i * 131 + 7);
+  for (std::size_t d = 0; d < 16; ++d)
+    for (std::size_t s : {std::size_t{0}, std::size_t{3}})
+      for (std::size_t n : {0, 1, 15, 63, 64, 79, 80, 127, 128, 200, 1000, 4000}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        stream_copy(dst.data() + d, src.data() + s, n);
+        stream_fence();
+        INFO("dst offset " << d << ", src offset " << s << ", " << n << " bytes");
+        CHECK(std::memcmp(dst.data() + d, src.data() + s, n) == 0);
+        CHECK(std::count(dst.begin(), dst.begin() + d, 0xEE) == static_cast<long>(d));
+        CHECK(std::count(dst.begin() + d + n, dst.end(), 0xEE) == static_cast<long>(dst.size() - d - n));
+      }
 }
 
 TEST_CASE("invalid dtype or op gives an empty kernel table") {
