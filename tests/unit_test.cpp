@@ -119,6 +119,34 @@ TEST_CASE("signed integer sums wrap instead of overflowing") {
   CHECK(x == INT64_MIN);
 }
 
+namespace {
+struct link_figures {
+  double alpha, beta;
+};
+struct figures_pick {
+  // Not inlined: the caller then relies on GCC's mod/ref summary of it.
+  [[gnu::noinline]] void pick(bool first) {
+    if (first) chosen = one;
+    else chosen = two;
+  }
+  link_figures one{1, 2}, two{30, 40}, chosen = one;
+};
+}  // namespace
+
+// GCC 11+'s -fipa-modref drops the second pick() below (GCC 12.2: the caller
+// keeps reading `one`); the cost model's set_link() was miscompiled that way.
+// The cclite CMake target passes -fno-ipa-modref to every program built with
+// GCC (CMakeLists.txt); this fails if it stops doing so.
+TEST_CASE("compiler: a member copy inside a non-inlined call reaches the caller") {
+  figures_pick p;
+  p.pick(true);
+  const double first = p.chosen.alpha * 3 + p.chosen.beta;
+  p.pick(false);
+  const double second = p.chosen.alpha * 3 + p.chosen.beta;
+  CHECK(first == 5);
+  CHECK(second == 130);
+}
+
 TEST_CASE("stream_copy: same bytes as memcpy at every alignment and length") {
   // Head, 64-byte body and tail are copied by different code; shift both
   // ends through a 16-byte period and check the bytes around the copy too.

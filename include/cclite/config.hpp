@@ -67,7 +67,7 @@
 // still inlines a small size-optimised function into a speed-optimised caller.
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && \
     !defined(CCLITE_SETUP_FOR_SPEED)
-#define CCLITE_SETUP_CODE_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"Os\")")
+#define CCLITE_SETUP_CODE_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"Os\", \"no-ipa-modref\")")
 #define CCLITE_SETUP_CODE_END _Pragma("GCC pop_options")
 #else
 #define CCLITE_SETUP_CODE_BEGIN

@@ -35,6 +35,7 @@ struct link_cost {
 /// What the selector compares: algorithms' estimated times on the slowest link.
 class cost_model {
  public:
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// Reads CCLITE_COST_SHM and CCLITE_COST_TCP ("alpha_us,GBps").
   status init() {
     CCLITE_TRY(parse("COST_SHM", shm_, env_shm_));
@@ -61,6 +62,7 @@ class cost_model {
   /// The link kind collectives are charged for: "shm", "tcp" (or any other
   /// transport name, charged as tcp: the conservative choice).
   void set_link(const std::string& kind) { link_ = kind == "shm" ? shm_ : tcp_; }
+CCLITE_SETUP_CODE_END
   const link_cost& link() const noexcept { return link_; }
   /// Reduction time per byte (us): one streaming pass reading two operands.
   double gamma() const noexcept { return gamma_; }
@@ -143,6 +145,7 @@ class cost_model {
   }
 
  private:
+CCLITE_SETUP_CODE_BEGIN
   static status parse(const char* name, link_cost& out, bool& set) {
     const std::string v = env::get_string(name, "", false);
     set = false;
@@ -159,6 +162,7 @@ class cost_model {
     set = true;
     return {};
   }
+CCLITE_SETUP_CODE_END
 
   link_cost shm_ = link_cost::from(1.0, 5.0);
   link_cost tcp_ = link_cost::from(30.0, 1.6);

@@ -18,7 +18,10 @@
 #include <cstring>
 #include <string>
 
+#include <cclite/config.hpp>
+
 namespace cclite {
+CCLITE_SETUP_CODE_BEGIN  // store authentication, checkpoint checksums: compiled for size
 
 /// A SHA-256 digest, 32 bytes.
 using sha256_digest = std::array<std::uint8_t, 32>;
@@ -173,4 +176,5 @@ inline std::string to_hex(const std::uint8_t* p, std::size_t n) {
   return s;
 }
 
+CCLITE_SETUP_CODE_END
 }  // namespace cclite

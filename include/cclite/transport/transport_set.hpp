@@ -30,6 +30,7 @@ class transport_set {
   using link = std::variant<std::monostate, typename Ts::link_type...>;
   static constexpr std::size_t count = sizeof...(Ts);
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   explicit transport_set(const transport_context& ctx) : transports_(ctx_for<Ts>(ctx)...) {}
 
   /// Names of the transports this process enables (env switches applied).
@@ -85,6 +86,7 @@ class transport_set {
     });
     return out;
   }
+CCLITE_SETUP_CODE_END
 
  private:
   template <class>

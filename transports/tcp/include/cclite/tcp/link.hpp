@@ -78,6 +78,7 @@ class link {
   /// 4096 (checked by the transport). `peer_desc` names the peer in errors.
   /// `spin`: how long wait() polls without sleeping; `eager`: pending bytes
   /// at which send_commit() pushes (0: only poll()/wait() push).
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   static result<link> create(int peer, std::string peer_desc, socket_fd* socks, int nsocks,
                              std::size_t block, std::size_t capacity,
                              const std::atomic<bool>* aborted,
@@ -104,6 +105,7 @@ class link {
     }
     return l;
   }
+CCLITE_SETUP_CODE_END
 
   link(link&&) noexcept = default;
   link& operator=(link&&) noexcept = default;

@@ -82,6 +82,7 @@ struct endpoint {
     if (family() == AF_INET) reinterpret_cast<sockaddr_in&>(addr).sin_port = htons(static_cast<std::uint16_t>(p));
     if (family() == AF_INET6) reinterpret_cast<sockaddr_in6&>(addr).sin6_port = htons(static_cast<std::uint16_t>(p));
   }
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   std::string to_string() const {
     std::string a = address_text(addr);
     if (family() == AF_INET6) a = "[" + a + "]";
@@ -124,9 +125,11 @@ struct endpoint {
     e.set_port(static_cast<int>(p));
     return e;
   }
+CCLITE_SETUP_CODE_END
 };
 
 namespace detail {
+CCLITE_SETUP_CODE_BEGIN  // set-up code (connections, handshakes): compiled for size
 
 inline std::string errno_text(int e) {
   char buf[128];
@@ -270,6 +273,7 @@ inline status read_exact(int fd, void* p, std::size_t n, deadline until,
   }
   return {};
 }
+CCLITE_SETUP_CODE_END
 
 /// Anonymous page-aligned memory (mmap), released on destruction. Movable.
 class mapped_memory {
