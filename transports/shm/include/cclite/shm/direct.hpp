@@ -312,7 +312,10 @@ CCLITE_SETUP_CODE_END
     const std::size_t piece = cap_ / elem;
     // A result this large is out of cache by the time the caller reads it:
     // writing it with non-temporal stores saves the read-for-ownership of
-    // every line (core/stream_copy.hpp), 64 MiB: +4-7 % busbw on 2 ranks.
+    // every line (core/stream_copy.hpp). 2 ranks, CCLITE_ALGO=allreduce:direct,
+    // out of place, 4 alternated runs: 16 MiB +8 %, 64 MiB +10 % busbw. (The
+    // selector takes the ring there, faster still; the same copy in the ring's
+    // last pass measured no gain.)
     const bool stream = count * elem >= stream_copy_min_bytes;
     for (std::size_t at = 0; at < count; at += piece) {
       const std::size_t n = count - at < piece ? count - at : piece;
