@@ -238,6 +238,34 @@ TEST_CASE("peer_info round-trips through its store encoding") {
   CHECK_FALSE(peer_info::parse("garbage").ok());
 }
 
+TEST_CASE("status: copies keep the message, moves hand it over, an empty one is nothing") {
+  status a(errc::timeout, "rank 1 (node0, pid 7) waited 30 s");
+  status b = a;
+  CHECK(b.code() == errc::timeout);
+  CHECK(b.message() == a.message());
+  status c = std::move(a);
+  CHECK(c.to_string() == "timeout: rank 1 (node0, pid 7) waited 30 s");
+  CHECK(a.message().empty());  // NOLINT(bugprone-use-after-move): moved-from state is documented
+  status& same = b;
+  b = same;  // self-assignment keeps it
+  CHECK(b.message() == c.message());
+  b = std::move(same);
+  CHECK(b.message() == c.message());
+  b = status(errc::peer_lost, "gone");  // replaces (and frees: the sanitizer build checks) the old one
+  CHECK(b.code() == errc::peer_lost);
+  CHECK(b.message() == "gone");
+  b = status{};
+  CHECK(b.ok());
+  CHECK(b.message().empty());
+  const status e(errc::timeout, std::string());
+  CHECK_FALSE(e.ok());
+  CHECK(e.message().empty());
+  CHECK(e.to_string() == "timeout: ");
+  result<int> r = status{};  // an ok status is not an error: the result says so
+  CHECK_FALSE(r.ok());
+  CHECK(r.error().code() == errc::invalid_argument);
+}
+
 TEST_CASE("result<T>: value or error, never both") {
   result<int> ok = 5;
   CHECK(ok.ok());

@@ -82,6 +82,7 @@ class [[nodiscard]] status {
   status(errc code, std::string message)
       : code_(code), message_(message.empty() ? nullptr : new std::string(std::move(message))) {}
   status(const status& o) : code_(o.code_), message_(detail::copy_message(o.message_)) {}
+  /// A moved-from status keeps its code and loses its message.
   status(status&& o) noexcept : code_(o.code_), message_(o.message_) { o.message_ = nullptr; }
   status& operator=(const status& o) {
     if (this != &o) *this = status(o);
