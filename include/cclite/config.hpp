@@ -65,6 +65,9 @@
 // debuggable); CCLITE_SETUP_FOR_SPEED keeps the command line's level. BEGIN
 // and END enclose whole function definitions and never a std header. GCC
 // still inlines a small size-optimised function into a speed-optimised caller.
+// The regions also turn off -fipa-modref: a function that stops being inlined
+// exposes its callers to GCC 12's mod/ref miscompile (CMakeLists.txt, where
+// every cclite target turns it off for the whole program).
 #if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__) && \
     !defined(CCLITE_SETUP_FOR_SPEED)
 #define CCLITE_SETUP_CODE_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"Os\", \"no-ipa-modref\")")

@@ -64,7 +64,8 @@ inline const char* to_string(errc e) noexcept {
 namespace detail {
 // Out of line on purpose (noinline): every status is copied, moved and
 // destroyed in hundreds of places, and these keep each of those sites to a
-// pointer move and a null test (-20 KiB of code in a program at -O2).
+// pointer move and a null test (hello_allreduce at -O2: 412 -> 395 KiB with
+// result<T>'s out-of-line check below).
 [[gnu::noinline]] inline std::string* copy_message(const std::string* m) {
   return m ? new std::string(*m) : nullptr;
 }
