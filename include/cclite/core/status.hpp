@@ -14,7 +14,8 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
+#include <new>
+#include <type_traits>
 #include <string>
 #include <utility>
 
@@ -167,34 +168,73 @@ namespace detail {
 }  // namespace detail
 
 /// A value of type T, or the status saying why there is none.
+///
+/// The value is kept in a union rather than a std::optional<T>: a program
+/// instantiates result<T> for ~60 types, and optional's layers of payload
+/// classes were ~10 % of the functions the compiler had to build for a TU
+/// that calls init() (bench/footprint.sh).
 template <class T>
 class [[nodiscard]] result {
  public:
-  result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  result(T value) : has_(true) { new (&value_) T(std::move(value)); }  // NOLINT: implicit by design
   result(status s) : status_(s.ok() ? detail::ok_is_not_an_error() : std::move(s)) {}  // NOLINT: implicit
+  result(result&& o) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(std::move(o.status_)) {
+    if (o.has_) emplace(std::move(o.value_));
+  }
+  result(const result& o) : status_(o.status_) {
+    if (o.has_) emplace(o.value_);
+  }
+  result& operator=(result&& o) noexcept(std::is_nothrow_move_constructible_v<T>) {
+    if (this == &o) return *this;
+    reset();
+    status_ = std::move(o.status_);
+    if (o.has_) emplace(std::move(o.value_));
+    return *this;
+  }
+  result& operator=(const result& o) {
+    if (this == &o) return *this;
+    reset();
+    status_ = o.status_;
+    if (o.has_) emplace(o.value_);
+    return *this;
+  }
+  ~result() { reset(); }
 
-  bool ok() const noexcept { return value_.has_value(); }
+  bool ok() const noexcept { return has_; }
   explicit operator bool() const noexcept { return ok(); }
   const status& error() const noexcept { return status_; }
 
   T& value() & {
     if (!ok()) detail::fail(status_);
-    return *value_;
+    return value_;
   }
   const T& value() const& {
     if (!ok()) detail::fail(status_);
-    return *value_;
+    return value_;
   }
   T&& value() && {
     if (!ok()) detail::fail(status_);
-    return std::move(*value_);
+    return std::move(value_);
   }
   T* operator->() { return &value(); }
   T& operator*() & { return value(); }
 
  private:
-  std::optional<T> value_;
+  template <class U>
+  void emplace(U&& v) {
+    new (&value_) T(std::forward<U>(v));
+    has_ = true;
+  }
+  void reset() noexcept {
+    if (has_) value_.~T();
+    has_ = false;
+  }
+
+  union {
+    T value_;  // alive exactly when has_
+  };
   status status_;
+  bool has_ = false;
 };
 
 /// Throws/aborts if `s` is an error; for callers who want exception semantics.
