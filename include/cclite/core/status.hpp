@@ -176,7 +176,7 @@ namespace detail {
 template <class T>
 class [[nodiscard]] result {
  public:
-  result(T value) : has_(true) { new (&value_) T(std::move(value)); }  // NOLINT: implicit by design
+  result(T value) { emplace(std::move(value)); }  // NOLINT: implicit by design
   result(status s) : status_(s.ok() ? detail::ok_is_not_an_error() : std::move(s)) {}  // NOLINT: implicit
   result(result&& o) noexcept(std::is_nothrow_move_constructible_v<T>) : status_(std::move(o.status_)) {
     if (o.has_) emplace(std::move(o.value_));
@@ -220,6 +220,7 @@ class [[nodiscard]] result {
   T& operator*() & { return value(); }
 
  private:
+  // has_ only once T is built: a throwing constructor leaves no value to destroy.
   template <class U>
   void emplace(U&& v) {
     new (&value_) T(std::forward<U>(v));
