@@ -149,41 +149,30 @@ class comm_shared : public comm_algorithms<Transports...> {
     return {};
   }
 
-  // The node-wide group is built on first use (every rank of a one-node job
-  // takes this path for the same call, so the set-up is collective).
-  status ensure_direct(deadline until) {
+  // The node-wide groups are built on first use (every rank of a one-node job
+  // takes this path for the same call, so the set-up is collective): direct_
+  // for shm-direct allreduces, small_ (header pages only) for small calls and
+  // barriers.
+  status ensure_direct(deadline until) { return direct_ ? status{} : make_group(direct_, false, until); }
+  status ensure_small(deadline until) { return small_ ? status{} : make_group(small_, true, until); }
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
+  status make_group(std::unique_ptr<group_t>& slot, bool small, deadline until) {
     if constexpr (has_direct) {
-      if (direct_) return {};
       CCLITE_TRY(this->agree_on_call(until));  // the set-up below waits for every rank
       auto spin = spin_from_env();
       if (!spin) return spin.error();
-      auto g = direct_t::create(*this->kv_, tag_, peers_, rank_, direct_bytes_, &aborted_, spin.value(), until);
+      auto g = small ? direct_t::create_small(*this->kv_, tag_, peers_, rank_, &aborted_, spin.value(), until)
+                     : direct_t::create(*this->kv_, tag_, peers_, rank_, direct_bytes_, &aborted_, spin.value(), until);
       if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
-      direct_ = std::move(g.value());
+      slot = std::move(g.value());
       return {};
     } else {
-      (void)until;
+      (void)slot, (void)small, (void)until;
       return make_error(errc::unsupported, "shm-direct needs the shm transport");
     }
   }
-
-  // The small path's group (header pages only), built by the first small
-  // call in the same way.
-  status ensure_small(deadline until) {
-    if constexpr (has_direct) {
-      if (small_) return {};
-      CCLITE_TRY(this->agree_on_call(until));
-      auto spin = spin_from_env();
-      if (!spin) return spin.error();
-      auto g = direct_t::create_small(*this->kv_, tag_, peers_, rank_, &aborted_, spin.value(), until);
-      if (!g) return status(g.error().code(), "setting up shm-direct: " + g.error().message());
-      small_ = std::move(g.value());
-      return {};
-    } else {
-      (void)until;
-      return make_error(errc::unsupported, "shm-direct needs the shm transport");
-    }
-  }
+CCLITE_SETUP_CODE_END
 
   status run_direct_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
                               const reduction& red, deadline until) {

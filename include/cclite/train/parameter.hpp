@@ -65,7 +65,7 @@ class parameter {
   }
   /// Back to values owned by the parameter (copying the current ones).
   void use_own_value() {
-    if (value_ == own_value_.data() && own_value_.size() == size_) return;
+    if (owns_value()) return;
     std::vector<float> v(value_, value_ + size_);
     own_value_ = std::move(v);
     value_ = own_value_.data();
