@@ -325,6 +325,69 @@ TEST_CASE("native engine chunking: the same cut on every rank, per rank for allg
   CHECK(!cuda::detail::per_rank_pieces(collective_kind::broadcast));
 }
 
+TEST_CASE("CUDA IPC path: each allreduce segment reduced by one rank, aligned, covering the chunk") {
+  using cuda::detail::ipc_segment_of;
+  for (int ti = 0; ti < dtype_count; ++ti) {
+    const std::size_t align = cuda::detail::ipc_align_elems(static_cast<dtype>(ti));
+    CHECK(align * size_of(static_cast<dtype>(ti)) == 16);
+    for (int size = 1; size <= 9; ++size) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{63}, std::size_t{1000},
+                            std::size_t{(1u << 20) + 3}}) {
+        std::size_t next = 0;
+        for (int q = 0; q < size; ++q) {
+          const auto sg = ipc_segment_of(n, size, q, align);
+          CHECK(sg.offset == next);  // contiguous, in rank order, no overlap
+          if (sg.count) CHECK(sg.offset % align == 0);
+          CHECK(sg.count <= (n + size - 1) / size + align - 1);
+          next = sg.offset + sg.count;
+        }
+        CHECK(next == n);  // every element by exactly one rank
+      }
+    }
+  }
+  // Two ranks, 1000 floats: 500 each; three ranks: 336, 336, 328.
+  CHECK(ipc_segment_of(1000, 2, 1, 4).offset == 500);
+  CHECK(ipc_segment_of(1000, 3, 2, 4).count == 328);
+}
+
+TEST_CASE("CUDA IPC path: taken only when every condition holds, else a reason a user can act on") {
+  using cuda::detail::ipc_facts;
+  using cuda::detail::ipc_ineligible_reason;
+  ipc_facts f;
+  f.size = f.local_size = 2;
+  CHECK(ipc_ineligible_reason(f).empty());
+  auto why = [&](auto change) {
+    ipc_facts g = f;
+    change(g);
+    return ipc_ineligible_reason(g);
+  };
+  CHECK(contains(why([](ipc_facts& g) { g.enabled = false; }), "CCLITE_CUDA_IPC=0"));
+  CHECK(contains(why([](ipc_facts& g) { g.kernels_linked = false; }), "device_reduce_entry.cuh"));
+  CHECK(contains(why([](ipc_facts& g) { g.size = g.local_size = 1; }), "single rank"));
+  CHECK(contains(why([](ipc_facts& g) { g.size = 4; }), "not all on one node"));
+  CHECK(contains(why([](ipc_facts& g) { g.peers_reachable = false; }), "peer access"));
+  CHECK(contains(why([](ipc_facts& g) { g.slots = 1; }), "at least 2 staging slots"));
+}
+
+TEST_CASE("the device reduction kernels are linked into programs using cclite::cuda") {
+#if defined(CCLITE_TEST_KERNELS_LINKED)
+  // This build compiled transports/cuda/src/device_reduce.cu with nvcc.
+  CHECK(cuda::device_reduce_linked());
+  // The nvcc-compiled entry runs here too: its argument checks come before any
+  // CUDA call, so they answer the same with or without a GPU.
+  float x = 0;
+  CHECK(cuda::device_reduce(nullptr, &x, &x, 4, dtype::float32, reduce_op::sum, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(cuda::device_reduce(&x, &x, &x, 0, dtype::float32, reduce_op::sum, 0, nullptr) == cudaSuccess);
+  CHECK(cclite_cuda_device_reduce(&x, &x, &x, 4, 42, 0, 0, nullptr) == cudaErrorInvalidValue);
+  CHECK(cclite_cuda_device_reduce(&x, &x, &x, 4, 0, 17, 0, nullptr) == cudaErrorInvalidValue);
+#else
+  // No nvcc in this build: the weak reference stays null and the IPC path steps aside.
+  CHECK(!cuda::device_reduce_linked());
+  float x = 0;
+  CHECK(cuda::device_reduce(&x, &x, &x, 4, dtype::float32, reduce_op::sum, 0, nullptr) == cudaErrorNotSupported);
+#endif
+}
+
 // data_parallel's device-memory hook is chosen by type: the adapter declares it
 // (and has no shared window to offer), CPU communicators do not. Every member of
 // the device form compiles (explicit instantiation), GPU or not.

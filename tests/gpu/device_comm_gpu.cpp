@@ -253,39 +253,10 @@ int check_arguments_and_host(device_comm& dc, const char* engine, int rank, int 
   return !ok;
 }
 
-int native_rank(const char* dir, int rank, int size) {
-  auto kv = file_store::open(dir);
-  OR_DIE(kv.ok() ? status() : kv.error());
-  auto comm = default_communicator::create(*kv.value(), rank, size);
-  OR_DIE(comm.ok() ? status() : comm.error());
+// The stream-ordered call returns while the stream is busy; the blocking form
+// routes by pointer. Returns the number of failed checks.
+int check_timing_and_routes(device_comm& dc, cudaStream_t s, const char* path, int rank, int size) {
   int failed = 0;
-
-  // auto: two ranks on one GPU cannot use NCCL, so native.
-  {
-    cuda::device_options o;
-    o.backend = "auto";
-    auto dc = device_comm::create(*comm.value(), o);
-    OR_DIE(dc.ok() ? status() : dc.error());
-    const bool native = dc.value()->engine() == cuda::gpu_backend::native;
-    failed += !native;
-    if (rank == 0) std::printf("RESULT devcomm auto_engine_2_ranks_1_gpu %s\n", native ? "ok" : "FAIL");
-  }
-
-  cuda::device_options o;
-  o.backend = "native";
-  o.chunk_bytes = 256u << 10;  // many ragged chunks
-  o.slots = 3;
-  auto made = device_comm::create(*comm.value(), o);
-  OR_DIE(made.ok() ? status() : made.error());
-  device_comm& dc = *made.value();
-  auto stream = cuda::stream::create();
-  OR_DIE(stream.ok() ? status() : stream.error());
-  cudaStream_t s = stream.value().get();
-  failed += check_all(dc, s, "native", rank, size);
-  // 400009 elements per rank: several 256 KiB chunks for every dtype and collective.
-  failed += check_collectives(dc, s, "native", rank, size, 400009);
-  failed += check_chained(dc, s, "native", rank, size, 300007);
-  failed += check_arguments_and_host(dc, "native", rank, size);
 
   // Non-blocking: the stream is busy for 300 ms; the call must return long before.
   {
@@ -305,8 +276,8 @@ int native_rank(const char* dir, int rank, int size) {
     const bool ok = call_s < 0.1 && total_s >= 0.25 &&
                     gt::wrong_elements(got, gt::reduced(dtype::float32, reduce_op::sum, n, size), dtype::float32) == 0;
     failed += !ok;
-    std::printf("RESULT devcomm stream_ordered_returns_early %s (rank %d: call %.1f ms, stream done after %.1f ms)\n",
-                ok ? "ok" : "FAIL", rank, call_s * 1e3, total_s * 1e3);
+    std::printf("RESULT devcomm %s_stream_ordered_returns_early %s (rank %d: call %.1f ms, stream done after %.1f ms)\n",
+                path, ok ? "ok" : "FAIL", rank, call_s * 1e3, total_s * 1e3);
   }
 
   // Blocking form: routed by where the buffers live.
@@ -332,13 +303,63 @@ int native_rank(const char* dir, int rank, int size) {
     const status mixed = dc.allreduce(host.data(), dev.value().data(), n, dtype::float64, reduce_op::sum);
     ok = ok && mixed.code() == errc::invalid_argument;
     failed += !ok;
-    if (rank == 0 || !ok) std::printf("RESULT devcomm blocking_routes_by_pointer %s\n", ok ? "ok" : "FAIL");
+    if (rank == 0 || !ok) std::printf("RESULT devcomm %s_blocking_routes_by_pointer %s\n", path, ok ? "ok" : "FAIL");
   }
+  return failed;
+}
 
-  // 256 MiB float sum, stream-ordered, default 4 x 4 MiB staging.
+int native_rank(const char* dir, int rank, int size) {
+  auto kv = file_store::open(dir);
+  OR_DIE(kv.ok() ? status() : kv.error());
+  auto comm = default_communicator::create(*kv.value(), rank, size);
+  OR_DIE(comm.ok() ? status() : comm.error());
+  int failed = 0;
+
+  // auto: two ranks on one GPU cannot use NCCL, so native, over CUDA IPC.
   {
+    cuda::device_options o;
+    o.backend = "auto";
+    auto dc = device_comm::create(*comm.value(), o);
+    OR_DIE(dc.ok() ? status() : dc.error());
+    const bool native = dc.value()->engine() == cuda::gpu_backend::native;
+    const bool ipc = std::string(dc.value()->path()) == "ipc";
+    failed += !native + !ipc;
+    if (rank == 0) {
+      std::printf("RESULT devcomm auto_engine_2_ranks_1_gpu %s (path %s)\n", native && ipc ? "ok" : "FAIL",
+                  dc.value()->path());
+    }
+  }
+  auto stream = cuda::stream::create();
+  OR_DIE(stream.ok() ? status() : stream.error());
+  cudaStream_t s = stream.value().get();
+  // Both native paths: CUDA IPC (the default on one node) and host staging.
+  for (const bool ipc : {true, false}) {
+    const char* path = ipc ? "ipc" : "staged";
+    cuda::device_options o;
+    o.backend = "native";
+    o.chunk_bytes = 256u << 10;  // many ragged chunks
+    o.slots = 3;
+    o.ipc = ipc;
+    auto made = device_comm::create(*comm.value(), o);
+    OR_DIE(made.ok() ? status() : made.error());
+    device_comm& dc = *made.value();
+    const bool right_path = std::string(dc.path()) == path;
+    failed += !right_path;
+    if (rank == 0 || !right_path) {
+      std::printf("RESULT devcomm path_%s %s (got %s)\n", path, right_path ? "ok" : "FAIL", dc.path());
+    }
+    failed += check_all(dc, s, path, rank, size);
+    // 400009 elements per rank: several 256 KiB chunks for every dtype and collective.
+    failed += check_collectives(dc, s, path, rank, size, 400009);
+    failed += check_chained(dc, s, path, rank, size, 300007);
+    failed += check_arguments_and_host(dc, path, rank, size);
+    failed += check_timing_and_routes(dc, s, path, rank, size);
+  }
+  // 256 MiB float sum, stream-ordered, default 4 x 4 MiB slots, both paths.
+  for (const bool ipc : {true, false}) {
     cuda::device_options big_o;
     big_o.backend = "native";
+    big_o.ipc = ipc;
     auto big_dc = device_comm::create(*comm.value(), big_o);
     OR_DIE(big_dc.ok() ? status() : big_dc.error());
     const std::size_t big = 256u << 20;
@@ -359,8 +380,8 @@ int native_rank(const char* dir, int rank, int size) {
     const double sec = seconds_since(t0) / iters;
     if (rank == 0) {
       const double algbw = double(big) / sec / 1e9;
-      std::printf("RESULT devcomm_allreduce_perf %zu %d %.1f %.1f %.1f\n", big, size, sec * 1e6, algbw,
-                  algbw * 2.0 * (size - 1) / size);
+      std::printf("RESULT devcomm_allreduce_perf %s %zu %d %.1f %.1f %.1f\n", big_dc.value()->path(), big, size,
+                  sec * 1e6, algbw, algbw * 2.0 * (size - 1) / size);
     }
   }
   return failed;

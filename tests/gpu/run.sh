@@ -29,12 +29,14 @@
 #   nccl_gpu perf        NCCL allreduce of 256 MiB float (time, algbw, busbw)
 #   nccl_gpu missing_rank a rank that never joins: timeout after 5 s, no hang
 #   device_comm_gpu      cclite::cuda::device_communicator: 2 processes sharing the GPU
-#                        (native engine: stream-ordered allreduce of every dtype x op;
+#                        (native engine, both paths: CUDA IPC (ipc_engine.hpp) and host
+#                        staging; each: stream-ordered allreduce of every dtype x op;
 #                        broadcast, reduce, allgather, reduce_scatter of every dtype (x op),
 #                        stream-ordered and blocking, several staging chunks per call; all
 #                        five back to back on one stream; argument checks and the host
 #                        path; the call returning while the stream is busy, the blocking
-#                        form routed by pointer, auto -> native, 256 MiB busbw), then 1
+#                        form routed by pointer; auto -> native over IPC; 256 MiB busbw
+#                        of each path), then 1
 #                        process with the NCCL engine (the same collective checks)
 #   data_parallel_gpu    train::data_parallel on device gradients (cuda/device_data_parallel.hpp):
 #                        2 processes sharing the GPU train a cuBLAS network 20 steps, parameters
@@ -89,6 +91,7 @@ print_table() {  # results file
   awk '$1=="RESULT" && $2=="ipc_allreduce_perf" { printf "  allreduce %d MiB float sum, 2 ranks on 1 GPU: %.1f us per call (incl. a host barrier), algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
   echo
   echo "cclite::cuda::device_communicator (device buffers, every dtype; every op for allreduce, reduce, reduce_scatter;"
+  echo "  engines: ipc = native over CUDA IPC, staged = native through pinned host memory, nccl;"
   echo "  allreduce stream-ordered, the others stream-ordered and blocking; ok = bit-exact):"
   awk '$1=="RESULT" && $2=="devcomm" && $3 ~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter)$/ {
          k=$3; e=k; sub(/_.*/, "", e); c=substr(k, length(e) + 2)
@@ -96,7 +99,7 @@ print_table() {  # results file
          line[k] = line[k] sprintf(" %s:%s", $4, $5); eng[k]=e; coll[k]=c }
        END { if (!n) print "  (no results)"; for (i=1;i<=n;i++) printf "  %-7s%-15s%s\n", eng[order[i]], coll[order[i]], line[order[i]] }' "$RES"
   awk '$1=="RESULT" && $2=="devcomm" && $3 !~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter)$/ { $1=""; $2=""; sub(/^  /, ""); print "  " $0 }' "$RES"
-  awk '$1=="RESULT" && $2=="devcomm_allreduce_perf" { printf "  stream-ordered native allreduce %d MiB float sum, 2 ranks on 1 GPU: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3/1048576, $5, $6, $7 }' "$RES"
+  awk '$1=="RESULT" && $2=="devcomm_allreduce_perf" { printf "  stream-ordered native allreduce (%s path) %d MiB float sum, 2 ranks on 1 GPU: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3, $4/1048576, $6, $7, $8 }' "$RES"
   echo
   echo "train::data_parallel on device gradients (cuda/device_data_parallel.hpp; 2 processes sharing the GPU, native engine):"
   awk '$1=="RESULT" && $2=="dpgpu" { $1=""; $2=""; sub(/^  /, ""); print "  " $0; n++ } END { if (!n) print "  (no results)" }' "$RES"
@@ -144,6 +147,9 @@ if [ $built_with = none ]; then
   mkdir -p "$BIN"
   INC="-I$ROOT/include -I$ROOT/transports/cuda/include -I$ROOT/transports/nccl/include -I$ROOT/tests/gpu -I$CUDA/include"
   say "direct build (nvcc sm_$ARCH, g++)"
+  # The device kernels for g++-compiled programs (cuda/device_reduce.hpp).
+  nvcc -std=c++17 -O3 -arch=sm_"$ARCH" -diag-suppress=1675,2810 $INC -DCCLITE_HAS_CUDA=1 -Xcompiler -fPIC \
+       -c "$ROOT/transports/cuda/src/device_reduce.cu" -o "$BIN/device_reduce.o" >>"$LOG" 2>&1
   nvcc -std=c++17 -O3 -arch=sm_"$ARCH" -diag-suppress=1675,2810 $INC -DCCLITE_HAS_CUDA=1 \
        "$ROOT/tests/gpu/reduce_kernels_gpu.cu" -o "$BIN/reduce_kernels_gpu" >>"$LOG" 2>&1 &
   nvcc -std=c++17 -O3 -arch=sm_"$ARCH" -diag-suppress=1675,2810 $INC -DCCLITE_HAS_CUDA=1 \
@@ -155,10 +161,10 @@ if [ $built_with = none ]; then
       "$ROOT/tests/gpu/staging_gpu.cpp" -L"$CUDA/lib64" -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
       -o "$BIN/staging_gpu" >>"$LOG" 2>&1
   g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 -DCCLITE_HAS_NCCL=1 \
-      "$ROOT/tests/gpu/device_comm_gpu.cpp" -L"$CUDA/lib64" -lnccl -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
+      "$ROOT/tests/gpu/device_comm_gpu.cpp" "$BIN/device_reduce.o" -L"$CUDA/lib64" -lnccl -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
       -o "$BIN/device_comm_gpu" >>"$LOG" 2>&1
   g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 \
-      "$ROOT/tests/gpu/data_parallel_gpu.cpp" -L"$CUDA/lib64" -lcublas -lcudart -lrt -pthread \
+      "$ROOT/tests/gpu/data_parallel_gpu.cpp" "$BIN/device_reduce.o" -L"$CUDA/lib64" -lcublas -lcudart -lrt -pthread \
       -Wl,-rpath,"$CUDA/lib64" -o "$BIN/data_parallel_gpu" >>"$LOG" 2>&1
   wait
   built_with=direct

@@ -16,18 +16,26 @@
 // device_options::backend):
 //   nccl    cclite::nccl::backend (built with cclite::nccl); the unique id goes
 //           out over the CPU communicator. NCCL allows one rank per GPU.
-//   native  host staging (staged_engine.hpp): device -> pinned host chunk -> the
-//           CPU collective -> device, chunk by chunk, with the copies of later
-//           chunks overlapping the host collective of earlier ones. Any number
-//           of ranks per GPU.
+//   native  inside one node, CUDA IPC (ipc_engine.hpp): the ranks map each
+//           other's device staging slots and reduce / copy from them with
+//           device kernels, ordered by interprocess events; when every rank is
+//           on one node, every peer's GPU is reachable (the same GPU, or peer
+//           access over NVLink / PCIe), the kernels are linked
+//           (device_reduce.hpp) and device_options::ipc / CCLITE_CUDA_IPC do
+//           not turn it off. Otherwise host staging (staged_engine.hpp):
+//           device -> pinned host chunk -> the CPU collective -> device, chunk
+//           by chunk, with the copies of later chunks overlapping the host
+//           collective of earlier ones. Any number of ranks per GPU either way.
+//           path() says which; CCLITE_DEBUG=INFO logs it and why.
 //   auto    (unset) nccl when this build has NCCL and every rank of every node
 //           has a GPU of its own (all ranks agree through one allreduce), else
 //           native, so two processes sharing one GPU work out of the box.
 //
 // Stream-ordered form, e.g. allreduce(..., cudaStream_t): enqueues and returns
-// without waiting for the GPU or the peers. Work enqueued on `stream` before
+// without waiting for the GPU (the CUDA IPC path waits for the peers to reach
+// the same chunk: a host barrier per step). Work enqueued on `stream` before
 // the call is read; work enqueued after it sees the result (and may overwrite
-// the send buffer). Native engine: the device -> host copies run on an internal
+// the send buffer). CUDA IPC path: everything runs on `stream`. Staged path: the device -> host copies run on an internal
 // copy stream that waits for `stream`; the host collective runs in a CUDA host
 // function (cudaLaunchHostFunc) on an internal stream, calling the CPU
 // collective on a communicator of its own (split from the one given, so it
@@ -67,13 +75,17 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <cclite/collective/op.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/core/log.hpp>
+#include <cclite/cuda/device_reduce.hpp>
 #include <cclite/cuda/gpu_backend.hpp>
+#include <cclite/cuda/ipc_engine.hpp>
 #include <cclite/cuda/runtime.hpp>
 #include <cclite/cuda/staged_engine.hpp>
 
@@ -137,6 +149,10 @@ struct device_options {
   int slots = 4;
   /// Native engine: chunks enqueued and not yet run before a call waits.
   int max_pending_chunks = 256;
+  /// Native engine: take the CUDA IPC path when it applies (see the file
+  /// comment); false, or CCLITE_CUDA_IPC=0, always stages through host memory.
+  /// The IPC path uses `slots` device slots of `chunk_bytes` per rank.
+  bool ipc = true;
 };
 
 template <class Comm>
@@ -177,14 +193,19 @@ class device_communicator {
   device_communicator(const device_communicator&) = delete;
   device_communicator& operator=(const device_communicator&) = delete;
 
-  /// The native engine waits for its enqueued host functions (they use it),
+  /// The staged path waits for its enqueued host functions (they use it),
   /// bounded by the timeout; past it its communicator is aborted so they return.
+  /// The CUDA IPC path is collective here: every rank destroys its object, and
+  /// each waits (bounded) until the peers have stopped reading its slots.
   ~device_communicator() = default;
 
   int rank() const noexcept { return host_->rank(); }
   int size() const noexcept { return host_->size(); }
   int device() const noexcept { return device_; }
   gpu_backend engine() const noexcept { return engine_; }
+  /// How the collectives on device buffers run: "nccl", "ipc" (native, CUDA
+  /// IPC) or "staged" (native, through pinned host memory).
+  const char* path() const noexcept { return ipc_ ? "ipc" : staged_ ? "staged" : "nccl"; }
   Comm& host() const noexcept { return *host_; }
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
   /// The NCCL backend (engine() == nccl), else null.
@@ -268,12 +289,14 @@ class device_communicator {
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
     if (nccl_) return nccl_->synchronize(stream);
 #endif
-    return staged_->synchronize(stream);
+    return ipc_ ? ipc_->synchronize(stream) : staged_->synchronize(stream);
   }
 
   /// The first failure of the native engine seen, ok if none (the NCCL engine
   /// reports its failures from every later call and synchronize()).
-  status failure() const { return staged_ ? staged_->failure() : status(); }
+  status failure() const {
+    return ipc_ ? ipc_->failure() : staged_ ? staged_->failure() : status();
+  }
 
  private:
   device_communicator(Comm& host, int dev, gpu_backend engine, milliseconds timeout, const device_options& o)
@@ -296,6 +319,8 @@ class device_communicator {
       return status();
     }
 #endif
+    CCLITE_TRY(try_ipc());
+    if (ipc_) return status();
     detail::staged_config c;
     c.chunk_bytes = opts_.chunk_bytes;
     c.slots = opts_.slots;
@@ -304,6 +329,53 @@ class device_communicator {
     auto e = detail::staged_engine<Comm>::create(*host_, c);
     if (!e) return e.error();
     staged_ = std::move(e.value());
+    return status();
+  }
+
+  // The native engine's CUDA IPC path, when every rank can take it (they agree
+  // first; a set-up failure anywhere sends every rank to the staged path).
+  // Errors only when the CPU communicator fails.
+  status try_ipc() {
+    auto on = env::get_bool("CUDA_IPC", true, false);
+    if (!on) return on.error();
+    detail::ipc_facts f;
+    f.enabled = opts_.ipc && on.value();
+    f.kernels_linked = device_reduce_linked();
+    f.local_size = host_->local_size();
+    f.size = size();
+    f.slots = opts_.slots;
+    // Every rank's device, to check peer access (the same GPU always works).
+    std::vector<std::int64_t> devs(static_cast<std::size_t>(size()));
+    const std::int64_t mine = device_;
+    CCLITE_TRY(host_->allgather(&mine, devs.data(), 1, dtype::int64));
+    for (std::int64_t d : devs) {
+      auto yes = can_access_peer(device_, static_cast<int>(d));
+      f.peers_reachable = f.peers_reachable && yes.ok() && yes.value();
+    }
+    std::string why = detail::ipc_ineligible_reason(f);
+    std::int64_t all_ok = why.empty() ? 1 : 0;
+    CCLITE_TRY(host_->allreduce(&all_ok, &all_ok, 1, dtype::int64, reduce_op::min));
+    if (all_ok == 1) {
+      detail::ipc_config c;
+      c.chunk_bytes = opts_.chunk_bytes;
+      c.slots = opts_.slots;
+      c.timeout = timeout_;
+      auto e = detail::ipc_engine<Comm>::create(*host_, c);
+      if (e) {
+        ipc_ = std::move(e.value());
+        CCLITE_INFO(host_->log(), "device_communicator: native engine over CUDA IPC (device %d, %d ranks, %d x %zu B slots)",
+                    device_, size(), opts_.slots, opts_.chunk_bytes);
+        return status();
+      }
+      if (e.error().code() != errc::unsupported) return e.error();  // the CPU communicator failed
+      why = "set-up failed: " + e.error().message();
+      CCLITE_WARN(host_->log(), "device_communicator: CUDA IPC path not taken, staging through host memory: %s",
+                  why.c_str());
+      return status();
+    }
+    if (why.empty()) why = "another rank cannot take it";
+    CCLITE_INFO(host_->log(), "device_communicator: native engine staged through pinned host memory (CUDA IPC: %s)",
+                why.c_str());
     return status();
   }
 
@@ -326,6 +398,7 @@ class device_communicator {
       }
     }
 #endif
+    if (ipc_) return ipc_->enqueue(k, send, recv, count, t, op, root, stream);
     return staged_->enqueue(k, send, recv, count, t, op, root, stream);
   }
 
@@ -353,7 +426,8 @@ class device_communicator {
   milliseconds timeout_;
   device_options opts_;
   stream own_stream_;
-  std::unique_ptr<detail::staged_engine<Comm>> staged_;  // native engine
+  std::unique_ptr<detail::staged_engine<Comm>> staged_;  // native engine, staged path
+  std::unique_ptr<detail::ipc_engine<Comm>> ipc_;        // native engine, CUDA IPC path
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
   std::unique_ptr<nccl::backend> nccl_;
 #endif

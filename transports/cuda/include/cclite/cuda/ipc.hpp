@@ -8,8 +8,7 @@
 // single-GPU machine) and between GPUs with peer access (NVLink or PCIe P2P,
 // `can_access_peer`).
 //
-// Status: handles, mapping, events and the store exchange are here; the transport
-// that runs ring / direct algorithms over them is not written yet (issue 9).
+// device_communicator's CUDA IPC path (ipc_engine.hpp) is built on these.
 // Errors: no device -> unsupported; a pointer that is not the device memory of
 // a cudaMalloc -> invalid_argument; a handle of the wrong size -> protocol_error.
 #pragma once

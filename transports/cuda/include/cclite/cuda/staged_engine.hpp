@@ -99,6 +99,27 @@ inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int si
   return per;
 }
 
+/// Polls `stream` until its work has run, sleeping a little between polls after
+/// the first ~200. Ends early with `failed()` when that is not ok (a failed
+/// host collective), with the CUDA error, or with errc::timeout after `timeout`.
+template <class Failed>
+status wait_stream(cudaStream_t stream, milliseconds timeout, int rank, Failed&& failed) {
+  const deadline until = deadline::after(timeout);
+  for (int spins = 0;; ++spins) {
+    const cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return status();
+    if (e != cudaErrorNotReady) return cuda_status(e, "device_communicator: cudaStreamQuery");
+    CCLITE_TRY(failed());
+    if (until.expired()) {
+      return make_error(errc::timeout,
+                        "device_communicator rank %d: the stream did not finish within %lld ms "
+                        "(CCLITE_TIMEOUT); a rank that never made the same call is the usual cause",
+                        rank, static_cast<long long>(timeout.count()));
+    }
+    if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
 struct staged_config {
   std::size_t chunk_bytes = std::size_t{4} << 20;
   int slots = 4;
@@ -237,21 +258,8 @@ class staged_engine {
   /// timeout), then reports the first failure of an enqueued collective.
   status synchronize(cudaStream_t stream) {
     CCLITE_TRY(failure());
-    const deadline until = deadline::after(cfg_.timeout);
-    for (int spins = 0;; ++spins) {
-      const cudaError_t e = cudaStreamQuery(stream);
-      if (e == cudaSuccess) break;
-      if (e != cudaErrorNotReady) return fail(cuda_status(e, "device_communicator: cudaStreamQuery"));
-      CCLITE_TRY(failure());  // a failed host collective ends the wait at once
-      if (until.expired()) {
-        return fail(make_error(errc::timeout,
-                               "device_communicator rank %d: the stream did not finish within %lld ms "
-                               "(CCLITE_TIMEOUT); a rank that never made the same call is the usual cause",
-                               rank(), static_cast<long long>(cfg_.timeout.count())));
-      }
-      if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-    return failure();
+    status s = wait_stream(stream, cfg_.timeout, rank(), [this] { return failure(); });
+    return s.ok() ? failure() : fail(std::move(s));
   }
 
   /// The first failure seen, ok if none.

@@ -1,0 +1,405 @@
+// cclite/cuda/ipc_engine.hpp - device_communicator's native engine inside one node:
+// the ranks' device staging buffers mapped into each other through CUDA IPC.
+//
+// Internal (cclite::cuda::detail): device_communicator checks the arguments,
+// decides whether this path applies (ipc_eligibility) and owns the engine.
+//
+// Set-up (collective over the CPU communicator, once): every rank cudaMallocs
+// `slots` staging slots of `chunk_bytes` on its device and creates three
+// interprocess events per slot (in, red, done); the memory and event handles
+// go out in one allgather; every rank maps every peer's slots
+// (cudaIpcOpenMemHandle: the same GPU, or another one with peer access over
+// NVLink / PCIe) and opens its events. Any rank failing makes every rank fail
+// (one allreduce of the outcome), so they all fall back together.
+//
+// A call is cut into chunks exactly as the staged engine cuts it
+// (staged_chunk_elems), each chunk in the next slot. Everything runs on the
+// caller's stream; the ranks order their streams with each other through the
+// interprocess events, and a host barrier (on a communicator split off for the
+// engine) makes sure an event has been recorded before a peer enqueues a wait on
+// it. Per chunk, with S_q the slot of rank q:
+//   free     wait for every peer's `done` of this slot's previous chunk
+//   in       copy this rank's input into S_me (allreduce, reduce: the chunk;
+//            allgather: its piece; reduce_scatter: the chunk of every block, one
+//            row per rank; broadcast: the root only), record `in`, barrier,
+//            wait for the peers' `in`
+//   allreduce  reduce segment `me` of the chunk over every S_q into S_me in
+//            place (device kernels, starting from S_me: each segment is reduced
+//            by one rank, so every rank gets the same bits), record `red`,
+//            barrier, wait for the peers' `red`, copy segment q of S_q to recv
+//            for every q
+//   reduce   the root reduces every S_q into recv; the others read nothing
+//   broadcast  the others copy S_root to buf
+//   allgather  copy every S_q to block q of recv
+//   reduce_scatter  reduce row `me` of every S_q into recv
+//   done     record `done` (a peer may refill its slot after this)
+// Why the `free` wait cannot miss: a peer records `done` for chunk c before it
+// enters chunk c + 1's first barrier, and this rank passes that barrier before
+// it reuses the slot at chunk c + slots (slots >= 2).
+//
+// The host never waits for the GPU inside a call, only for the peers to reach
+// the same chunk (one or two host barriers per chunk, a few microseconds each
+// over shm). Every wait is bounded: the barriers by the CPU communicator's
+// timeout, synchronize() by the same timeout. Any failure is kept and returned
+// by every later call (the engine is then unusable).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <cclite/collective/op.hpp>
+#include <cclite/core/clock.hpp>
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/cuda/device_reduce.hpp>
+#include <cclite/cuda/ipc.hpp>
+#include <cclite/cuda/runtime.hpp>
+#include <cclite/cuda/staged_engine.hpp>
+
+namespace cclite::cuda::detail {
+
+/// Elements [offset, offset + count) of an n-element allreduce chunk that rank
+/// q reduces: ceil(n / size) elements rounded up to a multiple of `align`
+/// elements (so every segment of an aligned chunk starts 16-byte aligned, which
+/// the kernels' vector path needs), the last segments shorter or empty.
+struct ipc_segment {
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
+inline ipc_segment ipc_segment_of(std::size_t n, int size, int q, std::size_t align) noexcept {
+  const std::size_t ranks = static_cast<std::size_t>(std::max(1, size));
+  std::size_t per = (n + ranks - 1) / ranks;
+  if (align > 1) per = (per + align - 1) / align * align;
+  const std::size_t begin = std::min(n, per * static_cast<std::size_t>(std::max(0, q)));
+  return {begin, std::min(n, begin + per) - begin};
+}
+
+/// Elements per 16 bytes for dtype t (at least 1): ipc_segment_of's `align`.
+inline std::size_t ipc_align_elems(dtype t) noexcept { return std::max<std::size_t>(1, 16 / size_of(t)); }
+
+/// What this rank knows about whether the CUDA IPC path can run; every rank
+/// decides alone, then they agree (device_communicator: one allreduce(min)).
+struct ipc_facts {
+  bool enabled = true;          ///< device_options::ipc and CCLITE_CUDA_IPC
+  bool kernels_linked = true;   ///< device_reduce_linked()
+  int local_size = 1;           ///< ranks on this node
+  int size = 1;                 ///< ranks in the job
+  bool peers_reachable = true;  ///< this rank's device can access every peer's device
+  int slots = 2;
+};
+
+/// Empty when the IPC path applies on this rank, else why not (for the log).
+inline std::string ipc_ineligible_reason(const ipc_facts& f) {
+  if (!f.enabled) return "turned off (device_options::ipc / CCLITE_CUDA_IPC=0)";
+  if (!f.kernels_linked) {
+    return "the device reduction kernels are not linked into this program (link CMake's cclite::cuda, or "
+           "add a .cu file including <cclite/cuda/device_reduce_entry.cuh>)";
+  }
+  if (f.size < 2) return "a single rank has no peer";
+  if (f.local_size != f.size) return "the ranks are not all on one node";
+  if (!f.peers_reachable) return "a peer's GPU cannot be reached from this one (no peer access)";
+  if (f.slots < 2) return "it needs at least 2 staging slots";
+  return {};
+}
+
+struct ipc_config {
+  std::size_t chunk_bytes = std::size_t{4} << 20;
+  int slots = 4;
+  milliseconds timeout{120000};
+};
+
+template <class Comm>
+class ipc_engine {
+ public:
+  /// Collective over `host`: splits the engine's communicator off it,
+  /// allocates and exports this rank's slots and events on the current device,
+  /// maps the peers'. Every rank calls it, and every rank fails if one does:
+  /// errc::unsupported, unless the CPU communicator itself failed.
+  static result<std::unique_ptr<ipc_engine>> create(Comm& host, const ipc_config& c) {
+    std::unique_ptr<ipc_engine> e(new ipc_engine(c));
+    auto chan = host.split(0, host.rank());  // same ranks, same order
+    if (!chan) return chan.error();
+    e->chan_ = std::move(chan.value());
+    // Local set-up first; its outcome travels with the handles so no rank is
+    // left waiting in a collective the others skipped.
+    status local = e->allocate();
+    std::string mine = local.ok() ? e->export_handles() : std::string();
+    if (local.ok() && mine.empty()) local = e->failure();
+    const std::size_t blob = handle_bytes(e->slots());
+    mine.resize(blob, '\0');
+    std::vector<char> all(blob * static_cast<std::size_t>(e->size()));
+    CCLITE_TRY(e->chan_->allgather(mine.data(), all.data(), blob, dtype::uint8));
+    if (local.ok()) local = e->open_peers(all, blob);
+    std::int64_t ok = local.ok() ? 1 : 0;
+    CCLITE_TRY(e->chan_->allreduce(&ok, &ok, 1, dtype::int64, reduce_op::min));
+    // Local failures as `unsupported` (the caller falls back); the CPU
+    // communicator's own failures above keep their codes.
+    if (!local.ok()) {
+      return make_error(errc::unsupported, "device_communicator rank %d: CUDA IPC set-up: %s", e->rank(),
+                        local.to_string().c_str());
+    }
+    if (ok == 0) {
+      return make_error(errc::unsupported, "device_communicator rank %d: CUDA IPC set-up failed on another rank",
+                        e->rank());
+    }
+    e->ready_ = true;
+    return result<std::unique_ptr<ipc_engine>>(std::move(e));
+  }
+
+  ipc_engine(const ipc_engine&) = delete;
+  ipc_engine& operator=(const ipc_engine&) = delete;
+
+  /// Collective, like create(): before this rank's slots are freed, every rank
+  /// has enqueued its last read of them (a barrier) and those reads have run
+  /// (each peer's last `done` of every slot), so no peer reads freed memory.
+  /// Both waits are bounded by the timeout; after a failure, neither is made.
+  ~ipc_engine() {
+    if (!ready_ || !failure().ok()) return;
+    if (!chan_->barrier().ok()) return;
+    const deadline until = deadline::after(cfg_.timeout);
+    for (int q = 0; q < size(); ++q) {
+      for (std::size_t s = 0; q != rank() && s < used_.size(); ++s) {
+        if (!used_[s]) continue;
+        while (cudaEventQuery(peer_event(q, done, s)) == cudaErrorNotReady && !until.expired()) {
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+      }
+    }
+  }
+
+  int rank() const noexcept { return chan_->rank(); }
+  int size() const noexcept { return chan_->size(); }
+  int slots() const noexcept { return cfg_.slots; }
+
+  /// Enqueues collective `k` on `stream` chunk by chunk (see the file comment)
+  /// and returns. The arguments must have been checked (device_communicator does).
+  status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
+                 int root, cudaStream_t stream) {
+    CCLITE_TRY(failure());
+    auto per = staged_chunk_elems(k, t, size(), cfg_.chunk_bytes);
+    if (!per) return per.error();
+    if (count == 0) return status();
+    const std::size_t es = size_of(t);
+    const std::size_t per_chunk = per.value();
+    const std::size_t chunks = (count + per_chunk - 1) / per_chunk;
+    const int me = rank();
+    const int n_ranks = size();
+    const std::size_t rows = per_rank_pieces(k) ? static_cast<std::size_t>(n_ranks) : 1;
+    const bool is_root = me == root;
+    const auto* src = static_cast<const unsigned char*>(send);
+    auto* dst = static_cast<unsigned char*>(recv);
+    const std::size_t pitch = count * es;  // bytes between two ranks' blocks in send / recv
+    const char* name = to_string(k);
+    auto ok = [&](cudaError_t e, const char* what) -> status {
+      if (e == cudaSuccess) return status();
+      return fail(cuda_status(e, (std::string("device ") + name + " (CUDA IPC): " + what).c_str()));
+    };
+    auto copy = [&](void* to, const void* from, std::size_t bytes) {
+      return ok(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+    };
+    // Reduces `elems` elements at byte offset `at` of every rank's slot into
+    // `out`, starting from `first`'s (so the order is the same wherever it runs).
+    auto reduce_all = [&](unsigned char* out, std::size_t slot, std::size_t at, std::size_t elems, int first) {
+      for (int j = 1; j < n_ranks; ++j) {
+        const unsigned char* a = j == 1 ? stage(first, slot) + at : out;
+        const unsigned char* b = stage((first + j) % n_ranks, slot) + at;
+        const int div = j == n_ranks - 1 ? n_ranks : 0;
+        CCLITE_TRY(ok(device_reduce(out, a, b, elems, t, op, div, stream), "reduction kernel"));
+      }
+      return status();
+    };
+    // Records `ev` of this rank, then (after a barrier: every peer has recorded
+    // its own) makes the stream wait for the peers' `ev`: all of them (-1), only
+    // rank `from`, or none (-2: this rank reads no peer's slot this time).
+    auto exchange = [&](event_kind ev, std::size_t slot, int from) -> status {
+      CCLITE_TRY(ok(cudaEventRecord(own_event(ev, slot), stream), "cudaEventRecord"));
+      status b = chan_->barrier();
+      if (!b.ok()) return fail(status(b.code(), std::string("device ") + name + " (CUDA IPC): " + b.message()));
+      for (int q = 0; q < n_ranks; ++q) {
+        if (q == me || from == -2 || (from >= 0 && q != from)) continue;
+        CCLITE_TRY(ok(cudaStreamWaitEvent(stream, peer_event(q, ev, slot), 0), "cudaStreamWaitEvent"));
+      }
+      return status();
+    };
+
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t off = c * per_chunk * es;  // byte offset of the chunk in each rank's block
+      const std::size_t n = std::min(per_chunk, count - c * per_chunk);
+      const std::size_t w = n * es;
+      const std::size_t s = next_slot_++ % static_cast<std::size_t>(slots());
+      unsigned char* mine = stage(me, s);
+      // free: the peers have read this slot's previous contents.
+      if (used_[s]) {
+        for (int q = 0; q < n_ranks; ++q) {
+          if (q != me) CCLITE_TRY(ok(cudaStreamWaitEvent(stream, peer_event(q, done, s), 0), "cudaStreamWaitEvent"));
+        }
+      }
+      used_[s] = true;
+      // in
+      if (k == collective_kind::reduce_scatter) {
+        // One row per rank (a handful): plain copies, no 2D pitch limit to mind.
+        for (std::size_t r = 0; r < rows; ++r) CCLITE_TRY(copy(mine + r * w, src + r * pitch + off, w));
+      } else if (k != collective_kind::broadcast || is_root) {
+        CCLITE_TRY(copy(mine, src + off, w));
+      }
+      int from = -1;  // whose slots this rank reads
+      if (k == collective_kind::broadcast) from = is_root ? -2 : root;
+      if (k == collective_kind::reduce && !is_root) from = -2;
+      CCLITE_TRY(exchange(in, s, from));
+      switch (k) {
+        case collective_kind::allreduce: {
+          const ipc_segment my = ipc_segment_of(n, n_ranks, me, ipc_align_elems(t));
+          if (my.count) CCLITE_TRY(reduce_all(mine + my.offset * es, s, my.offset * es, my.count, me));
+          CCLITE_TRY(exchange(red, s, -1));
+          for (int q = 0; q < n_ranks; ++q) {
+            const ipc_segment sg = ipc_segment_of(n, n_ranks, q, ipc_align_elems(t));
+            if (sg.count) CCLITE_TRY(copy(dst + off + sg.offset * es, stage(q, s) + sg.offset * es, sg.count * es));
+          }
+          break;
+        }
+        case collective_kind::reduce:
+          if (is_root) CCLITE_TRY(reduce_all(dst + off, s, 0, n, me));
+          break;
+        case collective_kind::broadcast:
+          if (!is_root) CCLITE_TRY(copy(dst + off, stage(root, s), w));
+          break;
+        case collective_kind::allgather:
+          for (int q = 0; q < n_ranks; ++q) {
+            unsigned char* to = dst + static_cast<std::size_t>(q) * pitch + off;
+            if (q == me && to == src + off) continue;  // in place: already there
+            CCLITE_TRY(copy(to, stage(q, s), w));
+          }
+          break;
+        case collective_kind::reduce_scatter:
+          CCLITE_TRY(reduce_all(dst + off, s, static_cast<std::size_t>(me) * w, n, me));
+          break;
+        default:
+          return make_error(errc::invalid_argument, "%s is not offered on device buffers", name);
+      }
+      CCLITE_TRY(ok(cudaEventRecord(own_event(done, s), stream), "cudaEventRecord"));
+    }
+    return status();
+  }
+
+  /// Waits until everything enqueued on `stream` has run (bounded by the
+  /// timeout), then reports the first failure.
+  status synchronize(cudaStream_t stream) {
+    CCLITE_TRY(failure());
+    status s = wait_stream(stream, cfg_.timeout, rank(), [this] { return failure(); });
+    return s.ok() ? status() : fail(std::move(s));
+  }
+
+  /// The first failure seen, ok if none.
+  status failure() const { return failed_; }
+
+ private:
+  enum event_kind : int { in = 0, red = 1, done = 2 };
+  static constexpr int events_per_slot = 3;
+
+  // One rank's blob in the set-up allgather: the memory handle, then the
+  // events' handles slot by slot.
+  static std::size_t handle_bytes(int slots) {
+    return sizeof(cudaIpcMemHandle_t) +
+           static_cast<std::size_t>(slots) * events_per_slot * sizeof(cudaIpcEventHandle_t);
+  }
+
+  explicit ipc_engine(const ipc_config& c) : cfg_(c) {}
+
+  status fail(status s) {
+    if (failed_.ok()) failed_ = s;
+    return s;
+  }
+
+  unsigned char* stage(int q, std::size_t slot) const {
+    auto* base = q == rank() ? own_.as<unsigned char>() : static_cast<unsigned char*>(mapped_[q].data());
+    return base + slot * cfg_.chunk_bytes;
+  }
+  cudaEvent_t own_event(event_kind k, std::size_t slot) const {
+    return own_events_[slot * events_per_slot + k].get();
+  }
+  cudaEvent_t peer_event(int q, event_kind k, std::size_t slot) const {
+    return peer_events_[static_cast<std::size_t>(q)][slot * events_per_slot + k].get();
+  }
+
+  status allocate() {
+    if (cfg_.slots < 2) return make_error(errc::invalid_argument, "CUDA IPC path: needs at least 2 slots");
+    auto b = device_buffer::allocate(cfg_.chunk_bytes * static_cast<std::size_t>(cfg_.slots));
+    if (!b) return b.error();
+    own_ = std::move(b.value());
+    used_.assign(static_cast<std::size_t>(cfg_.slots), false);
+    for (int i = 0; i < cfg_.slots * events_per_slot; ++i) {
+      auto ev = ipc_event::create();
+      if (!ev) return ev.error();
+      own_events_.push_back(std::move(ev.value()));
+    }
+    return status();
+  }
+
+  // This rank's blob (empty on failure, kept in failed_).
+  std::string export_handles() {
+    auto mem = export_memory(own_.data());
+    if (!mem) {
+      (void)fail(mem.error());
+      return {};
+    }
+    std::string blob = mem.value();
+    for (auto& ev : own_events_) {
+      auto h = ev.handle();
+      if (!h) {
+        (void)fail(h.error());
+        return {};
+      }
+      blob += h.value();
+    }
+    return blob;
+  }
+
+  status open_peers(const std::vector<char>& all, std::size_t blob) {
+    const std::size_t n = static_cast<std::size_t>(size());
+    mapped_.resize(n);
+    peer_events_.resize(n);
+    for (std::size_t q = 0; q < n; ++q) {
+      if (static_cast<int>(q) == rank()) continue;
+      const char* p = all.data() + q * blob;
+      auto m = ipc_mapping::open(std::string(p, sizeof(cudaIpcMemHandle_t)));
+      if (!m) {
+        return make_error(m.error().code(), "rank %d: mapping rank %zu's staging memory: %s", rank(), q,
+                          m.error().message().c_str());
+      }
+      mapped_[q] = std::move(m.value());
+      p += sizeof(cudaIpcMemHandle_t);
+      for (int i = 0; i < cfg_.slots * events_per_slot; ++i, p += sizeof(cudaIpcEventHandle_t)) {
+        auto ev = ipc_event::open(std::string(p, sizeof(cudaIpcEventHandle_t)));
+        if (!ev) {
+          return make_error(ev.error().code(), "rank %d: opening rank %zu's CUDA IPC event: %s", rank(), q,
+                            ev.error().message().c_str());
+        }
+        peer_events_[q].push_back(std::move(ev.value()));
+      }
+    }
+    return status();
+  }
+
+  ipc_config cfg_;
+  std::unique_ptr<Comm> chan_;
+  device_buffer own_;                                ///< this rank's slots
+  std::vector<ipc_event> own_events_;                ///< in, red, done per slot
+  std::vector<ipc_mapping> mapped_;                  ///< the peers' slots (empty at this rank's index)
+  std::vector<std::vector<ipc_event>> peer_events_;  ///< the peers' events, opened
+  std::vector<bool> used_;                           ///< slot used since set-up (its `done` was recorded)
+  std::size_t next_slot_ = 0;
+  bool ready_ = false;                               ///< create() succeeded on every rank
+  status failed_;
+};
+
+}  // namespace cclite::cuda::detail
