@@ -27,6 +27,7 @@
 #include <cclite/core/bytes.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/reduce.hpp>
+#include <cclite/core/stream_copy.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/transport/concept.hpp>
 
@@ -52,16 +53,21 @@ class primitives {
 
   status recv(std::uint8_t* out, std::size_t bytes) {
     return pump(bytes, true, false, [&](const std::uint8_t* in, std::uint8_t*, std::size_t n, std::size_t off) {
-      std::memcpy(out + off, in, n);
+      keep(out + off, in, n);
     });
   }
 
   status recv_copy_send(std::uint8_t* out, std::size_t bytes) {
     return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
-      std::memcpy(out + off, in, n);
+      keep(out + off, in, n);
       std::memcpy(dst, in, n);
     });
   }
+
+  /// Until finish(): recv and recv_copy_send write `out` with non-temporal
+  /// stores (core/stream_copy.hpp), for results larger than the cache that
+  /// the caller's buffer would otherwise first read for ownership.
+  void stream_output(bool on) noexcept { stream_out_ = on; }
 
   status recv_reduce_send(const std::uint8_t* local, std::size_t bytes) {
     return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
@@ -150,6 +156,7 @@ class primitives {
     if (pad_out) CCLITE_TRY(pump(pad_out, false, true, [](const std::uint8_t*, std::uint8_t* d, std::size_t n, std::size_t) { std::memset(d, 0, n); }));
     if (pad_in) CCLITE_TRY(pump(pad_in, true, false, [](const std::uint8_t*, std::uint8_t*, std::size_t, std::size_t) {}));
     sent_ = received_ = 0;
+    stream_out_ = false;
     // A link that buffers output in user space (tcp) must hand it all to the
     // kernel before the collective returns: the caller may compute for a
     // long time before its next call, and the peer needs those bytes now.
@@ -159,6 +166,16 @@ class primitives {
   }
 
  private:
+  // A piece of the result into the caller's buffer (see stream_output()).
+  void keep(std::uint8_t* to, const std::uint8_t* from, std::size_t n) noexcept {
+    if (!stream_out_) {
+      std::memcpy(to, from, n);
+      return;
+    }
+    stream_copy(to, from, n);
+    stream_fence();
+  }
+
   // Called when a verb can move nothing. First lets both links move bytes (a
   // TCP link pushes pending output here even when this verb only receives:
   // in a ring where everyone waits for its predecessor, unpushed bytes would
@@ -247,6 +264,7 @@ class primitives {
   std::size_t piece_;
   std::size_t sent_ = 0, received_ = 0;
   bool stalled_ = false;
+  bool stream_out_ = false;
   clock::time_point stalled_since_{};
 };
 

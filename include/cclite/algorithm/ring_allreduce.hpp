@@ -21,6 +21,16 @@
 
 namespace cclite {
 
+/// Out-of-place calls of at least this many bytes keep their final segments
+/// with non-temporal stores (primitives::stream_output): 2 ranks on the
+/// development VM, 3 alternated runs, 16 MiB 10.7-11.8 -> 12.0-12.6 GB/s busbw,
+/// 64 MiB 9.8-10.4 -> 10.6-10.9; at 1-8 MiB, where the result still fits the
+/// cache, 0.5-2 GB/s slower, and in place slower at every size (session 8).
+/// Reducing into the send FIFO or a scratch piece first, to stream the reduced
+/// segment too, gained nothing over this (or lost: FIFO lines last read by the
+/// peer's core are slow to store to).
+inline constexpr std::size_t ring_stream_output_min_bytes = std::size_t{16} << 20;
+
 /// `send` may equal `recv` (in place). `pos` is this rank's ring position.
 template <class Prims>
 status ring_allreduce(Prims& prims, const std::uint8_t* send, std::uint8_t* recv,
@@ -31,6 +41,7 @@ status ring_allreduce(Prims& prims, const std::uint8_t* send, std::uint8_t* recv
     return {};
   }
   const segments segs{count, static_cast<std::size_t>(n)};
+  prims.stream_output(send != recv && count * elem >= ring_stream_output_min_bytes);
   const int divide_by = red.needs_divide ? n : 0;
   auto seg_at = [&](int k) { return static_cast<std::size_t>(((pos - k) % n + n) % n); };
   const std::size_t rounds = rounds_for(segs, chunk_elems);
