@@ -107,6 +107,68 @@ TEST_CASE("argument errors are reported and leave the communicator usable") {
   });
 }
 
+namespace {
+// Stands in for a GPU layer (cclite/cuda/device_buffers.hpp): "device memory"
+// is one marked host array, which the CPU path must then never touch.
+struct marking_hook final : device_hook {
+  const void* marked = nullptr;
+  int calls = 0;
+  op_desc last;
+  bool owns(const op_desc& d) const noexcept override { return d.send == marked || d.recv == marked; }
+  status run(const op_desc& d) override {
+    ++calls;
+    last = d;
+    return d.count == 13 ? make_error(errc::unsupported, "thirteen") : status();
+  }
+};
+}  // namespace
+
+TEST_CASE("device hook: calls on its buffers go to it, checked first; host buffers and children stay on the CPU path") {
+  run(2, net::shm_only, [](default_communicator& c, store&) {
+    marking_hook hook;
+    float dev[16] = {}, host[4] = {1, 2, 3, 4};
+    hook.marked = dev;
+    MP_CHECK(c.get_device_hook() == nullptr);
+    c.set_device_hook(&hook);
+    MP_CHECK(c.get_device_hook() == &hook);
+    // Blocking: the hook's, untouched by the CPU path.
+    MP_REQUIRE_OK(c.allreduce(dev, dev, 4, dtype::float32, reduce_op::max));
+    MP_CHECK(hook.calls == 1);
+    MP_CHECK(hook.last.kind == collective_kind::allreduce);
+    MP_CHECK(hook.last.count == 4 && hook.last.op == reduce_op::max && hook.last.send == dev);
+    MP_CHECK(dev[0] == 0.0f);
+    MP_REQUIRE_OK(c.broadcast(dev, 2, dtype::float32, 1));
+    MP_CHECK(hook.calls == 2 && hook.last.kind == collective_kind::broadcast && hook.last.root == 1);
+    // Host buffers: the CPU path, with the peers.
+    MP_REQUIRE_OK(c.allreduce(host, host, 4, dtype::float32, reduce_op::sum));
+    MP_CHECK(host[0] == 2.0f && host[3] == 8.0f);
+    MP_CHECK(hook.calls == 2);
+    // _async: ran before returning; the handle holds the status, ok or not.
+    work w = c.allreduce_async(dev, dev, 13, dtype::float32, reduce_op::sum);
+    MP_CHECK(w.valid());
+    MP_CHECK(w.done());
+    const status s13 = w.wait();
+    MP_CHECK(s13.code() == errc::unsupported && s13.message() == "thirteen");
+    work ok = c.allreduce_async(dev, dev, 4, dtype::float32, reduce_op::sum);
+    MP_REQUIRE_OK(ok.wait());
+    MP_CHECK(hook.calls == 4);
+    // Argument checks come first: a bad dtype never reaches the hook.
+    MP_CHECK(c.allreduce(dev, dev, 4, static_cast<dtype>(99), reduce_op::sum).code() == errc::invalid_argument);
+    MP_CHECK(hook.calls == 4);
+    // A split child has no hook of its own.
+    auto child = c.split(0, c.rank());
+    MP_REQUIRE_OK(child ? status() : child.error());
+    MP_CHECK(child.value()->get_device_hook() == nullptr);
+    // Removed: the marked array is ordinary memory again.
+    c.set_device_hook(nullptr);
+    dev[0] = static_cast<float>(c.rank() + 1);
+    MP_REQUIRE_OK(c.allreduce(dev, dev, 1, dtype::float32, reduce_op::sum));
+    MP_CHECK(dev[0] == 3.0f);
+    MP_CHECK(hook.calls == 4);
+    return 0;
+  });
+}
+
 TEST_CASE("deadline: a rank that never joins the collective gives timeout, not a hang") {
   ::setenv("CCLITE_TIMEOUT", "1.5", 1);
   for (net n : {net::shm_only, net::tcp_only}) {

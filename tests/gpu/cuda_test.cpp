@@ -6,6 +6,7 @@
 //
 // CUDA calls are made in forked children only: the CUDA runtime does not
 // survive fork(), so the parent stays CUDA-free for the next test case.
+#include <cclite/cuda/device_buffers.hpp>
 #include <cclite/cuda/device_communicator.hpp>
 #include <cclite/cuda/device_data_parallel.hpp>
 #include <cclite/cuda/gpu_backend.hpp>
@@ -267,6 +268,35 @@ TEST_CASE("device_communicator without a device: clear status, CPU collectives g
   CHECK_MESSAGE(r.all_ok(), r.describe());
 }
 
+TEST_CASE("device_buffers: device pointers in the communicator itself, or a clean no-device status") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(2, [&](int rank, int size) {
+    auto kv = test::open_dir_store(dir.path);
+    auto comm = test::make_comm(*kv, rank, size);
+    auto gpu = cuda::device_buffers<default_communicator>::enable(*comm);
+    if (cuda::available()) {
+      MP_REQUIRE_OK(gpu);
+      MP_CHECK(comm->get_device_hook() == gpu.value().get());
+      // Host memory is not the hook's: the CPU path (tests/gpu/device_comm_gpu.cpp does device memory).
+      std::int32_t v[3] = {rank, rank, rank};
+      MP_REQUIRE_OK(comm->allreduce(v, 3));
+      MP_CHECK(v[0] == 1 && v[2] == 1);
+      gpu.value().reset();
+      MP_CHECK(comm->get_device_hook() == nullptr);
+    } else {
+      MP_REQUIRE(!gpu.ok());
+      MP_CHECK(gpu.error().code() == errc::unsupported);
+      MP_CHECK(contains(gpu.error().message(), "no CUDA device"));
+      MP_CHECK(comm->get_device_hook() == nullptr);  // left as it was
+    }
+    std::vector<float> x(100, float(rank + 1));
+    MP_REQUIRE_OK(comm->allreduce(x.data(), x.size()));
+    for (float f : x) MP_CHECK(f == 3.0f);
+    return 0;
+  }, std::chrono::seconds(120), [](int rank) { test::set_net_env(test::net::shm_only, rank, 2); });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
+}
+
 TEST_CASE("device_communicator argument checks need no device") {
   // What every device collective checks on the calling rank before anything is
   // enqueued (both engines): pure functions, no CUDA call.
@@ -392,6 +422,7 @@ TEST_CASE("the device reduction kernels are linked into programs using cclite::c
 // (and has no shared window to offer), CPU communicators do not. Every member of
 // the device form compiles (explicit instantiation), GPU or not.
 template class cclite::train::data_parallel<cclite::cuda::device_comm_adapter<cclite::default_communicator>>;
+template class cclite::cuda::device_buffers<cclite::default_communicator>;  // every member compiles
 static_assert(cuda::device_data_parallel<default_communicator>::on_device);
 static_assert(!train::data_parallel<default_communicator>::on_device);
 static_assert(!train::detail::has_alloc_shared<cuda::device_comm_adapter<default_communicator>>::value);

@@ -18,6 +18,7 @@
 //   - 256 MiB float sum, stream-ordered, timed (busbw = algbw for 2 ranks)
 // Run by tests/gpu/run.sh (and ctest -L gpu); exit 0 ok, 1 failure, 77 no CUDA device.
 #include <cclite/cclite.hpp>
+#include <cclite/cuda/device_buffers.hpp>
 #include <cclite/cuda/device_communicator.hpp>
 
 #include <sys/wait.h>
@@ -308,6 +309,48 @@ int check_timing_and_routes(device_comm& dc, cudaStream_t s, const char* path, i
   return failed;
 }
 
+// cuda::device_buffers: device pointers through the CPU communicator's own
+// calls (blocking and _async), host pointers on its CPU path, unsupported
+// collectives named; the hook gone with the object. Returns failed checks.
+int check_device_buffers(default_communicator& comm, int rank, int size) {
+  const std::size_t n = 300007;
+  auto gpu = cuda::device_buffers<default_communicator>::enable(comm);
+  OR_DIE(gpu.ok() ? status() : gpu.error());
+  dev a(n * 4 * static_cast<std::size_t>(size)), b(n * 4 * static_cast<std::size_t>(size));
+  std::size_t wrong = 0;
+  for (const dtype t : {dtype::float32, dtype::bfloat16, dtype::int32}) {
+    const std::size_t bytes = n * size_of(t);
+    const auto in = gt::input(t, n, rank);
+    GPU(cudaMemcpy(a.at(), in.data(), bytes, cudaMemcpyHostToDevice));
+    OR_DIE(comm.allreduce(a.at(), b.at(), n, t, reduce_op::sum));
+    gt::bytes got(bytes);
+    GPU(cudaMemcpy(got.data(), b.at(), bytes, cudaMemcpyDeviceToHost));
+    wrong += gt::wrong_elements(got, gt::reduced(t, reduce_op::sum, n, size), t);
+    OR_DIE(comm.broadcast(a.at(), n, t, size - 1));
+    GPU(cudaMemcpy(got.data(), a.at(), bytes, cudaMemcpyDeviceToHost));
+    wrong += gt::wrong_elements(got, gt::input(t, n, size - 1), t);
+    GPU(cudaMemcpy(a.at(), in.data(), bytes, cudaMemcpyHostToDevice));
+    work w = comm.allgather_async(a.at(), b.at(), n, t);
+    OR_DIE(w.wait());
+    gt::bytes all(bytes * static_cast<std::size_t>(size));
+    GPU(cudaMemcpy(all.data(), b.at(), all.size(), cudaMemcpyDeviceToHost));
+    wrong += gt::wrong_elements(all, gathered(t, n, size), t);
+  }
+  std::vector<float> h(1000, float(rank + 1));  // host memory: the CPU path
+  OR_DIE(comm.allreduce(h.data(), h.size()));
+  const bool host_ok = h[0] == float(size * (size + 1) / 2);
+  const status a2a = comm.alltoall(a.at(), b.at(), 16, dtype::float32);
+  const bool named = a2a.code() == errc::unsupported && a2a.message().find("alltoall on device buffers") != std::string::npos;
+  gpu.value().reset();
+  const bool removed = comm.get_device_hook() == nullptr;
+  const bool ok = wrong == 0 && host_ok && named && removed;
+  if (rank == 0 || !ok) {
+    std::printf("RESULT devcomm device_buffers_in_communicator %s (rank %d: %zu wrong, host %s, alltoall %s, removed %s)\n",
+                ok ? "ok" : "FAIL", rank, wrong, host_ok ? "ok" : "FAIL", named ? "ok" : "FAIL", removed ? "ok" : "FAIL");
+  }
+  return !ok;
+}
+
 int native_rank(const char* dir, int rank, int size) {
   auto kv = file_store::open(dir);
   OR_DIE(kv.ok() ? status() : kv.error());
@@ -329,6 +372,7 @@ int native_rank(const char* dir, int rank, int size) {
                   dc.value()->path());
     }
   }
+  failed += check_device_buffers(*comm.value(), rank, size);
   auto stream = cuda::stream::create();
   OR_DIE(stream.ok() ? status() : stream.error());
   cudaStream_t s = stream.value().get();

@@ -44,6 +44,7 @@
 #include <cclite/collective/comm_algorithms.hpp>
 #include <cclite/collective/comm_core.hpp>
 #include <cclite/collective/comm_shared.hpp>
+#include <cclite/collective/device_hook.hpp>
 #include <cclite/collective/link_pool.hpp>
 #include <cclite/collective/op.hpp>
 #include <cclite/collective/work_queue.hpp>
@@ -101,6 +102,13 @@ class communicator final : private detail::comm_shared<Transports...>, private d
   const char* transport_of(int peer) const { return core::transport_of(peer); }
   /// The logger carrying this rank's prefix (CCLITE_DEBUG).
   const logger& log() const noexcept { return log_; }
+
+  /// Hands calls on device buffers to `h` from now on (null: none); see
+  /// collective/device_hook.hpp. The _async forms run such a call before they
+  /// return; their handle holds its status. Not thread-safe against calls in
+  /// flight: install before, remove after. `h` must outlive its installation.
+  void set_device_hook(device_hook* h) noexcept { device_ = h; }
+  device_hook* get_device_hook() const noexcept { return device_; }
 
   // ---- collectives --------------------------------------------------------------
   //
@@ -354,13 +362,16 @@ CCLITE_SETUP_CODE_END
     return d;
   }
   // Argument errors are reported at once on the calling rank, without queuing.
+  // Device buffers go to the device hook, if one is installed.
   status run(const op_desc& d) {
     CCLITE_TRY(detail::validate(d, size_));
+    if (device_ && device_->owns(d)) return device_->run(d);
     return queue_.run(d);
   }
   work submit(const op_desc& d) {
     status st = detail::validate(d, size_);
     if (!st.ok()) return work::failed(std::move(st));
+    if (device_ && device_->owns(d)) return work::completed(device_->run(d));
     return queue_.submit(d);
   }
 
@@ -650,6 +661,7 @@ CCLITE_SETUP_CODE_END
   std::uint64_t seq_ = 0;
   int splits_ = 0;
   bool nested_ = false;  // a hierarchical child: runs inside the parent's calls
+  device_hook* device_ = nullptr;  // set_device_hook()
   status broken_;
   std::uint64_t logged_[collective_kind_count] = {};
   // Reused between calls so that steady-state collectives do not allocate.

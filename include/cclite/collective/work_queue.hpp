@@ -68,13 +68,21 @@ class work {
   /// A handle that is already complete with `s` (an argument error found
   /// before queuing).
   static work failed(status s) { return work(std::move(s)); }
+  /// A handle whose collective already ran, with status `s` (ok or not): a
+  /// call that could not be queued (device buffers, collective/device_hook.hpp).
+  static work completed(status s) {
+    work w(std::move(s));
+    w.slot_ = ran_slot;
+    return w;
+  }
   /// True if this handle refers to a submitted collective.
-  bool valid() const noexcept { return q_ != nullptr || !early_.ok(); }
+  bool valid() const noexcept { return q_ != nullptr || !early_.ok() || slot_ == ran_slot; }
 
  private:
   friend class detail::work_queue;
   work(detail::work_queue* q, int slot, std::uint64_t gen) : q_(q), slot_(slot), gen_(gen) {}
   explicit work(status early) : early_(std::move(early)) {}
+  static constexpr int ran_slot = -2;  // completed(): early_ is the collective's status
   detail::work_queue* q_ = nullptr;
   int slot_ = -1;
   std::uint64_t gen_ = 0;
@@ -252,7 +260,10 @@ inline work::~work() {
   if (q_) q_->release(slot_, gen_);
 }
 inline status work::wait(milliseconds timeout) {
-  if (!q_) return early_.ok() ? make_error(errc::invalid_argument, "wait() on an empty work handle") : early_;
+  if (!q_) {
+    if (slot_ == ran_slot || !early_.ok()) return early_;
+    return make_error(errc::invalid_argument, "wait() on an empty work handle");
+  }
   return q_->wait(slot_, gen_, timeout);
 }
 inline bool work::done() const { return q_ ? q_->done(slot_, gen_) : true; }
