@@ -35,9 +35,10 @@
 // without waiting for the GPU (the CUDA IPC path waits for the peers to reach
 // the same chunk: a host barrier per step). Work enqueued on `stream` before
 // the call is read; work enqueued after it sees the result (and may overwrite
-// the send buffer). CUDA IPC path: everything runs on `stream`. Staged path: the device -> host copies run on an internal
-// copy stream that waits for `stream`; the host collective runs in a CUDA host
-// function (cudaLaunchHostFunc) on an internal stream, calling the CPU
+// the send buffer). CUDA IPC path: everything runs on `stream`. Staged path:
+// the device -> host copies run on an internal copy stream that waits for
+// `stream`; the host collective runs in a CUDA host function
+// (cudaLaunchHostFunc) on an internal stream, calling the CPU
 // collective on a communicator of its own (split from the one given, so it
 // never interleaves with the caller's CPU collectives); the host -> device
 // copies go on `stream` after it. At most `max_pending_chunks` chunks may be
@@ -321,7 +322,7 @@ class device_communicator {
 #endif
     CCLITE_TRY(try_ipc());
     if (ipc_) return status();
-    detail::staged_config c;
+    detail::native_config c;
     c.chunk_bytes = opts_.chunk_bytes;
     c.slots = opts_.slots;
     c.max_pending_chunks = opts_.max_pending_chunks;
@@ -334,12 +335,14 @@ class device_communicator {
 
   // The native engine's CUDA IPC path, when every rank can take it (they agree
   // first; a set-up failure anywhere sends every rank to the staged path).
-  // Errors only when the CPU communicator fails.
+  // Errors only when the CPU communicator fails (a malformed CCLITE_CUDA_IPC
+  // turns the path off with a warning: returning here, before the collectives
+  // below, would leave the other ranks waiting in them).
   status try_ipc() {
     auto on = env::get_bool("CUDA_IPC", true, false);
-    if (!on) return on.error();
+    if (!on) CCLITE_WARN(host_->log(), "device_communicator: CUDA IPC path off: %s", on.error().message().c_str());
     detail::ipc_facts f;
-    f.enabled = opts_.ipc && on.value();
+    f.enabled = opts_.ipc && on && on.value();
     f.kernels_linked = device_reduce_linked();
     f.local_size = host_->local_size();
     f.size = size();
@@ -356,14 +359,15 @@ class device_communicator {
     std::int64_t all_ok = why.empty() ? 1 : 0;
     CCLITE_TRY(host_->allreduce(&all_ok, &all_ok, 1, dtype::int64, reduce_op::min));
     if (all_ok == 1) {
-      detail::ipc_config c;
+      detail::native_config c;
       c.chunk_bytes = opts_.chunk_bytes;
       c.slots = opts_.slots;
       c.timeout = timeout_;
       auto e = detail::ipc_engine<Comm>::create(*host_, c);
       if (e) {
         ipc_ = std::move(e.value());
-        CCLITE_INFO(host_->log(), "device_communicator: native engine over CUDA IPC (device %d, %d ranks, %d x %zu B slots)",
+        CCLITE_INFO(host_->log(),
+                    "device_communicator: native engine over CUDA IPC (device %d, %d ranks, %d x %zu B slots)",
                     device_, size(), opts_.slots, opts_.chunk_bytes);
         return status();
       }
@@ -374,8 +378,8 @@ class device_communicator {
       return status();
     }
     if (why.empty()) why = "another rank cannot take it";
-    CCLITE_INFO(host_->log(), "device_communicator: native engine staged through pinned host memory (CUDA IPC: %s)",
-                why.c_str());
+    CCLITE_INFO(host_->log(),
+                "device_communicator: native engine staged through pinned host memory (CUDA IPC: %s)", why.c_str());
     return status();
   }
 

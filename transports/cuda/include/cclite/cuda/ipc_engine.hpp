@@ -112,12 +112,6 @@ inline std::string ipc_ineligible_reason(const ipc_facts& f) {
   return {};
 }
 
-struct ipc_config {
-  std::size_t chunk_bytes = std::size_t{4} << 20;
-  int slots = 4;
-  milliseconds timeout{120000};
-};
-
 template <class Comm>
 class ipc_engine {
  public:
@@ -125,7 +119,7 @@ class ipc_engine {
   /// allocates and exports this rank's slots and events on the current device,
   /// maps the peers'. Every rank calls it, and every rank fails if one does:
   /// errc::unsupported, unless the CPU communicator itself failed.
-  static result<std::unique_ptr<ipc_engine>> create(Comm& host, const ipc_config& c) {
+  static result<std::unique_ptr<ipc_engine>> create(Comm& host, const native_config& c) {
     std::unique_ptr<ipc_engine> e(new ipc_engine(c));
     auto chan = host.split(0, host.rank());  // same ranks, same order
     if (!chan) return chan.error();
@@ -313,7 +307,7 @@ class ipc_engine {
            static_cast<std::size_t>(slots) * events_per_slot * sizeof(cudaIpcEventHandle_t);
   }
 
-  explicit ipc_engine(const ipc_config& c) : cfg_(c) {}
+  explicit ipc_engine(const native_config& c) : cfg_(c) {}
 
   status fail(status s) {
     if (failed_.ok()) failed_ = s;
@@ -390,7 +384,7 @@ class ipc_engine {
     return status();
   }
 
-  ipc_config cfg_;
+  native_config cfg_;
   std::unique_ptr<Comm> chan_;
   device_buffer own_;                                ///< this rank's slots
   std::vector<ipc_event> own_events_;                ///< in, red, done per slot

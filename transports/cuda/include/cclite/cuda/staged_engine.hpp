@@ -120,10 +120,11 @@ status wait_stream(cudaStream_t stream, milliseconds timeout, int rank, Failed&&
   }
 }
 
-struct staged_config {
+/// The native engine's settings (device_options'), for both its paths.
+struct native_config {
   std::size_t chunk_bytes = std::size_t{4} << 20;
   int slots = 4;
-  int max_pending_chunks = 256;
+  int max_pending_chunks = 256;  ///< staged path only
   milliseconds timeout{120000};
 };
 
@@ -132,7 +133,7 @@ class staged_engine {
  public:
   /// Collective over `host`: splits the engine's communicator off it, then
   /// allocates the pinned slots, events and streams on the current device.
-  static result<std::unique_ptr<staged_engine>> create(Comm& host, const staged_config& c) {
+  static result<std::unique_ptr<staged_engine>> create(Comm& host, const native_config& c) {
     std::unique_ptr<staged_engine> e(new staged_engine(c));
     auto chan = host.split(0, host.rank());  // same ranks, same order: roots carry over
     if (!chan) return chan.error();
@@ -286,7 +287,7 @@ class staged_engine {
     bool used = false;
   };
 
-  explicit staged_engine(const staged_config& c) : cfg_(c) {}
+  explicit staged_engine(const native_config& c) : cfg_(c) {}
 
   status init() {
     CCLITE_TRY(cuda_status(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming), "cudaEventCreate"));
@@ -390,7 +391,7 @@ class staged_engine {
     return &j;
   }
 
-  staged_config cfg_;
+  native_config cfg_;
   std::unique_ptr<Comm> chan_;
   staging_buffers staging_;
   std::vector<slot_events> slots_;
