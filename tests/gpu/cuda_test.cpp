@@ -11,6 +11,7 @@
 #include <cclite/cuda/device_data_parallel.hpp>
 #include <cclite/cuda/gpu_backend.hpp>
 #include <cclite/cuda/ipc.hpp>
+#include <cclite/cuda/ipc_plan.hpp>
 #include <cclite/cuda/runtime.hpp>
 #include <cclite/cuda/staging.hpp>
 
@@ -358,7 +359,7 @@ TEST_CASE("native engine chunking: the same cut on every rank, per rank for allg
 TEST_CASE("CUDA IPC path: each allreduce segment reduced by one rank, aligned, covering the chunk") {
   using cuda::detail::ipc_segment_of;
   for (int ti = 0; ti < dtype_count; ++ti) {
-    const std::size_t align = cuda::detail::ipc_align_elems(static_cast<dtype>(ti));
+    const std::size_t align = cuda::detail::ipc_align_elems(size_of(static_cast<dtype>(ti)));
     CHECK(align * size_of(static_cast<dtype>(ti)) == 16);
     for (int size = 1; size <= 9; ++size) {
       for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{63}, std::size_t{1000},
@@ -378,6 +379,204 @@ TEST_CASE("CUDA IPC path: each allreduce segment reduced by one rank, aligned, c
   // Two ranks, 1000 floats: 500 each; three ranks: 336, 336, 328.
   CHECK(ipc_segment_of(1000, 2, 1, 4).offset == 500);
   CHECK(ipc_segment_of(1000, 3, 2, 4).count == 328);
+}
+
+namespace {
+// The CUDA IPC path's plan (cuda/ipc_plan.hpp) run on host memory: `size`
+// ranks in one process, each with a slot, a send and a recv buffer, in
+// lockstep between exchanges as the events and barriers order them on a GPU.
+// Checks that a rank reads a peer's slot only after waiting for that peer at
+// the last exchange, and never a range its owner writes in the same phase.
+struct plan_sim {
+  struct op {
+    enum kind_t { copy_in, copy_out, reduce } kind;
+    int rank;
+    bool to_slot;
+    std::size_t a, b, bytes_or_elems;
+    int q;  // copy_out: source rank; reduce: first rank
+  };
+  struct rank_trace {
+    std::vector<std::vector<op>> phases{1};
+    std::vector<int> from;  // per phase > 0: whom the exchange before it waited for
+  };
+  struct visitor {
+    rank_trace& tr;
+    int rank;
+    void copy_in(std::size_t slot_off, std::size_t send_off, std::size_t bytes) {
+      tr.phases.back().push_back({op::copy_in, rank, true, slot_off, send_off, bytes, rank});
+    }
+    void copy_out(std::size_t recv_off, int from, std::size_t slot_off, std::size_t bytes) {
+      tr.phases.back().push_back({op::copy_out, rank, false, recv_off, slot_off, bytes, from});
+    }
+    void reduce(bool to_slot, std::size_t out_off, std::size_t slot_off, std::size_t elems, int first) {
+      tr.phases.back().push_back({op::reduce, rank, to_slot, out_off, slot_off, elems, first});
+    }
+    void exchange(cuda::detail::ipc_event_kind, int from) {
+      tr.phases.emplace_back();
+      tr.from.push_back(from);
+    }
+  };
+};
+
+// Runs `kind` over `size` ranks with the plan; returns the number of problems
+// (wrong bytes, unwaited reads, write/read overlaps) and fills `why`.
+std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, int root, std::size_t count,
+                         std::size_t chunk_bytes, bool in_place, std::string& why) {
+  const std::size_t es = size_of(t);
+  const bool per_rank = kind == collective_kind::allgather || kind == collective_kind::reduce_scatter;
+  const std::size_t un = static_cast<std::size_t>(size);
+  const std::size_t send_elems = kind == collective_kind::reduce_scatter ? count * un : count;
+  const std::size_t recv_elems = kind == collective_kind::allgather ? count * un : count;
+  auto per = cuda::detail::staged_chunk_elems(kind, t, size, chunk_bytes);
+  if (!per) {
+    why = per.error().message();
+    return 1;
+  }
+  // Inputs: small integers (exact in every dtype and order), as tests/gpu/reference.hpp.
+  auto input = [&](int r, std::size_t n) {
+    std::vector<unsigned char> b(n * es);
+    for (std::size_t i = 0; i < n; ++i) {
+      const int v = static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 3 + i / 13) % 5);
+      const double d = v;
+      switch (t) {
+        case dtype::float32: { float f = static_cast<float>(d); std::memcpy(&b[i * es], &f, es); break; }
+        case dtype::int8: { std::int8_t x = static_cast<std::int8_t>(v); std::memcpy(&b[i * es], &x, es); break; }
+        default: { double x = d; std::memcpy(&b[i * es], &x, es); break; }
+      }
+    }
+    return b;
+  };
+  // In place (broadcast always is): one buffer, send and recv where the
+  // communicator's in-place forms put them.
+  if (kind == collective_kind::broadcast) in_place = true;
+  std::vector<std::vector<unsigned char>> send(un), recv(un), slot(un, std::vector<unsigned char>(chunk_bytes));
+  std::vector<unsigned char*> send_at(un), recv_at(un);
+  for (int r = 0; r < size; ++r) {
+    const std::size_t block = static_cast<std::size_t>(r) * count * es;
+    recv[r].assign(std::max(recv_elems, send_elems) * es, 0x5a);
+    send[r] = input(r, send_elems);
+    send_at[r] = send[r].data();
+    recv_at[r] = recv[r].data();
+    if (in_place) {
+      send_at[r] = recv[r].data() + (kind == collective_kind::allgather ? block : 0);
+      recv_at[r] = recv[r].data() + (kind == collective_kind::reduce_scatter ? block : 0);
+      std::memcpy(send_at[r], send[r].data(), send[r].size());
+    }
+  }
+  const reduction red = reduction_for(t, op);
+  std::size_t problems = 0;
+  auto complain = [&](const std::string& w) {
+    if (why.empty()) why = w;
+    ++problems;
+  };
+  cuda::detail::ipc_call call;
+  call.kind = kind;
+  call.size = size;
+  call.root = root;
+  call.count = count;
+  call.elem = es;
+  call.per_chunk = per.value();
+  call.gather_in_place = in_place && kind == collective_kind::allgather;
+  for (std::size_t c = 0; c < call.chunks(); ++c) {
+    std::vector<plan_sim::rank_trace> tr(un);
+    for (int r = 0; r < size; ++r) {
+      call.rank = r;
+      plan_sim::visitor v{tr[r], r};
+      cuda::detail::ipc_chunk_plan(call, c, v);
+    }
+    std::size_t phases = 0;
+    for (auto& x : tr) phases = std::max(phases, x.phases.size());
+    for (std::size_t p = 0; p < phases; ++p) {
+      // Ranges written to each rank's slot and read from it in this phase.
+      std::vector<std::vector<std::pair<std::size_t, std::size_t>>> wr(un), rd(un);
+      auto reads_slot = [&](int reader, int owner, std::size_t at, std::size_t bytes) {
+        if (owner != reader) {
+          const int from = p == 0 ? -3 : tr[reader].from[p - 1];
+          if (p == 0 || !(from == -1 || from == owner)) complain("rank " + std::to_string(reader) + " reads rank " + std::to_string(owner) + "'s slot without waiting for it");
+        }
+        rd[owner].push_back({at, at + bytes});
+      };
+      for (int r = 0; r < size; ++r) {
+        if (p >= tr[r].phases.size()) continue;
+        for (const auto& o : tr[r].phases[p]) {
+          const std::size_t out_bytes = o.kind == plan_sim::op::reduce ? o.bytes_or_elems * es : o.bytes_or_elems;
+          if (o.kind == plan_sim::op::copy_in) {
+            wr[r].push_back({o.a, o.a + out_bytes});
+            std::memcpy(slot[r].data() + o.a, send_at[r] + o.b, out_bytes);
+          } else if (o.kind == plan_sim::op::copy_out) {
+            reads_slot(r, o.q, o.b, out_bytes);
+            std::memmove(recv_at[r] + o.a, slot[o.q].data() + o.b, out_bytes);
+          } else {
+            for (int j = 0; j < size; ++j) reads_slot(r, (o.q + j) % size, o.b, out_bytes);
+            unsigned char* out = (o.to_slot ? slot[r].data() : recv_at[r]) + o.a;
+            if (o.to_slot) wr[r].push_back({o.a, o.a + out_bytes});
+            std::vector<unsigned char> acc(slot[o.q].begin() + static_cast<std::ptrdiff_t>(o.b),
+                                           slot[o.q].begin() + static_cast<std::ptrdiff_t>(o.b + out_bytes));
+            for (int j = 1; j < size; ++j) red.inplace(acc.data(), slot[(o.q + j) % size].data() + o.b, o.bytes_or_elems);
+            if (red.needs_divide) red.divide(acc.data(), o.bytes_or_elems, size);
+            std::memcpy(out, acc.data(), out_bytes);
+          }
+        }
+      }
+      // A range a rank writes in its slot may not be read by anyone else in the same phase.
+      for (int owner = 0; owner < size; ++owner)
+        for (const auto& w : wr[owner])
+          for (int reader = 0; reader < size; ++reader) {
+            if (reader == owner || p >= tr[reader].phases.size()) continue;
+            for (const auto& o : tr[reader].phases[p]) {
+              const bool touches = (o.kind == plan_sim::op::copy_out && o.q == owner) || o.kind == plan_sim::op::reduce;
+              const std::size_t bytes = o.kind == plan_sim::op::reduce ? o.bytes_or_elems * es : o.bytes_or_elems;
+              if (touches && o.b < w.second && w.first < o.b + bytes) complain("a slot range is written while a peer reads it");
+            }
+          }
+    }
+  }
+  // Expected results.
+  for (int r = 0; r < size; ++r) {
+    std::vector<unsigned char> want(recv_elems * es, 0x5a);
+    if (kind == collective_kind::allgather) {
+      for (int q = 0; q < size; ++q) {
+        auto x = input(q, count);
+        std::memcpy(want.data() + static_cast<std::size_t>(q) * count * es, x.data(), x.size());
+      }
+    } else if (kind == collective_kind::broadcast) {
+      want = input(root, count);
+    } else if (kind == collective_kind::reduce && r != root) {
+      if (in_place) want = input(r, count);  // untouched
+    } else {
+      const std::size_t at = kind == collective_kind::reduce_scatter ? static_cast<std::size_t>(r) * count : 0;
+      auto acc = input(0, send_elems);
+      for (int q = 1; q < size; ++q) red.inplace(acc.data(), input(q, send_elems).data(), send_elems);
+      if (red.needs_divide) red.divide(acc.data(), send_elems, size);
+      std::memcpy(want.data(), acc.data() + at * es, count * es);
+    }
+    if (std::memcmp(recv_at[r], want.data(), want.size()) != 0) complain("rank " + std::to_string(r) + ": wrong result");
+  }
+  (void)per_rank;
+  return problems;
+}
+}  // namespace
+
+TEST_CASE("CUDA IPC path: its plan, run on host memory, gives every collective's result and waits before it reads") {
+  const collective_kind kinds[] = {collective_kind::allreduce, collective_kind::broadcast, collective_kind::reduce,
+                                   collective_kind::allgather, collective_kind::reduce_scatter};
+  int cases = 0;
+  for (collective_kind k : kinds)
+    for (int size : {2, 3, 4})
+      for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{100}, std::size_t{1237}})
+        for (dtype t : {dtype::float32, dtype::int8})
+          for (bool in_place : {false, true}) {
+            const reduce_op op = t == dtype::int8 ? reduce_op::max : reduce_op::avg;
+            const int root = static_cast<int>(count % static_cast<std::size_t>(size));
+            // 256-byte slots: several chunks, ragged last ones.
+            std::string why;
+            const std::size_t bad = simulate_ipc(k, t, op, size, root, count, 256, in_place, why);
+            INFO(std::string(to_string(k)), " ", size, " ranks, ", count, " x ", std::string(to_string(t)),
+                 std::string(in_place ? " in place" : ""), ": ", why);
+            CHECK(bad == 0);
+            ++cases;
+          }
+  CHECK(cases == 240);
 }
 
 TEST_CASE("CUDA IPC path: taken only when every condition holds, else a reason a user can act on") {

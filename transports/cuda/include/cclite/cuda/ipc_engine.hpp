@@ -2,7 +2,7 @@
 // the ranks' device staging buffers mapped into each other through CUDA IPC.
 //
 // Internal (cclite::cuda::detail): device_communicator checks the arguments,
-// decides whether this path applies (ipc_eligibility) and owns the engine.
+// decides whether this path applies (ipc_ineligible_reason) and owns the engine.
 //
 // Set-up (collective over the CPU communicator, once): every rank cudaMallocs
 // `slots` staging slots of `chunk_bytes` on its device and creates three
@@ -19,19 +19,13 @@
 // engine) makes sure an event has been recorded before a peer enqueues a wait on
 // it. Per chunk, with S_q the slot of rank q:
 //   free     wait for every peer's `done` of this slot's previous chunk
-//   in       copy this rank's input into S_me (allreduce, reduce: the chunk;
-//            allgather: its piece; reduce_scatter: the chunk of every block, one
-//            row per rank; broadcast: the root only), record `in`, barrier,
-//            wait for the peers' `in`
-//   allreduce  reduce segment `me` of the chunk over every S_q into S_me in
-//            place (device kernels, starting from S_me: each segment is reduced
-//            by one rank, so every rank gets the same bits), record `red`,
-//            barrier, wait for the peers' `red`, copy segment q of S_q to recv
-//            for every q
-//   reduce   the root reduces every S_q into recv; the others read nothing
-//   broadcast  the others copy S_root to buf
-//   allgather  copy every S_q to block q of recv
-//   reduce_scatter  reduce row `me` of every S_q into recv
+//   plan     ipc_plan.hpp's steps (type-free, checked on host memory by
+//            tests/gpu/cuda_test.cpp): this rank's input into S_me, record `in`,
+//            barrier, wait for the peers whose slots it reads; allreduce: reduce
+//            segment `me` over every S_q into S_me in place (device kernels,
+//            starting from S_me: each segment is reduced by one rank, so every
+//            rank gets the same bits), record `red`, barrier, wait, copy every
+//            segment out; the others read the root's or every slot directly
 //   done     record `done` (a peer may refill its slot after this)
 // Why the `free` wait cannot miss: a peer records `done` for chunk c before it
 // enters chunk c + 1's first barrier, and this rank passes that barrier before
@@ -62,30 +56,11 @@
 #include <cclite/core/status.hpp>
 #include <cclite/cuda/device_reduce.hpp>
 #include <cclite/cuda/ipc.hpp>
+#include <cclite/cuda/ipc_plan.hpp>
 #include <cclite/cuda/runtime.hpp>
 #include <cclite/cuda/staged_engine.hpp>
 
 namespace cclite::cuda::detail {
-
-/// Elements [offset, offset + count) of an n-element allreduce chunk that rank
-/// q reduces: ceil(n / size) elements rounded up to a multiple of `align`
-/// elements (so every segment of an aligned chunk starts 16-byte aligned, which
-/// the kernels' vector path needs), the last segments shorter or empty.
-struct ipc_segment {
-  std::size_t offset = 0;
-  std::size_t count = 0;
-};
-
-inline ipc_segment ipc_segment_of(std::size_t n, int size, int q, std::size_t align) noexcept {
-  const std::size_t ranks = static_cast<std::size_t>(std::max(1, size));
-  std::size_t per = (n + ranks - 1) / ranks;
-  if (align > 1) per = (per + align - 1) / align * align;
-  const std::size_t begin = std::min(n, per * static_cast<std::size_t>(std::max(0, q)));
-  return {begin, std::min(n, begin + per) - begin};
-}
-
-/// Elements per 16 bytes for dtype t (at least 1): ipc_segment_of's `align`.
-inline std::size_t ipc_align_elems(dtype t) noexcept { return std::max<std::size_t>(1, 16 / size_of(t)); }
 
 /// What this rank knows about whether the CUDA IPC path can run; every rank
 /// decides alone, then they agree (device_communicator: one allreduce(min)).
@@ -164,7 +139,7 @@ class ipc_engine {
     for (int q = 0; q < size(); ++q) {
       for (std::size_t s = 0; q != rank() && s < used_.size(); ++s) {
         if (!used_[s]) continue;
-        while (cudaEventQuery(peer_event(q, done, s)) == cudaErrorNotReady && !until.expired()) {
+        while (cudaEventQuery(peer_event(q, ipc_done, s)) == cudaErrorNotReady && !until.expired()) {
           std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
       }
@@ -183,106 +158,83 @@ class ipc_engine {
     auto per = staged_chunk_elems(k, t, size(), cfg_.chunk_bytes);
     if (!per) return per.error();
     if (count == 0) return status();
-    const std::size_t es = size_of(t);
-    const std::size_t per_chunk = per.value();
-    const std::size_t chunks = (count + per_chunk - 1) / per_chunk;
-    const int me = rank();
-    const int n_ranks = size();
-    const std::size_t rows = per_rank_pieces(k) ? static_cast<std::size_t>(n_ranks) : 1;
-    const bool is_root = me == root;
-    const auto* src = static_cast<const unsigned char*>(send);
-    auto* dst = static_cast<unsigned char*>(recv);
-    const std::size_t pitch = count * es;  // bytes between two ranks' blocks in send / recv
+    ipc_call call;
+    call.kind = k;
+    call.rank = rank();
+    call.size = size();
+    call.root = root;
+    call.count = count;
+    call.elem = size_of(t);
+    call.per_chunk = per.value();
+    call.gather_in_place =
+        k == collective_kind::allgather &&
+        send == static_cast<const unsigned char*>(recv) + static_cast<std::size_t>(rank()) * count * call.elem;
     const char* name = to_string(k);
-    auto ok = [&](cudaError_t e, const char* what) -> status {
-      if (e == cudaSuccess) return status();
-      return fail(cuda_status(e, (std::string("device ") + name + " (CUDA IPC): " + what).c_str()));
-    };
-    auto copy = [&](void* to, const void* from, std::size_t bytes) {
-      return ok(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
-    };
-    // Reduces `elems` elements at byte offset `at` of every rank's slot into
-    // `out`, starting from `first`'s (so the order is the same wherever it runs).
-    auto reduce_all = [&](unsigned char* out, std::size_t slot, std::size_t at, std::size_t elems, int first) {
-      for (int j = 1; j < n_ranks; ++j) {
-        const unsigned char* a = j == 1 ? stage(first, slot) + at : out;
-        const unsigned char* b = stage((first + j) % n_ranks, slot) + at;
-        const int div = j == n_ranks - 1 ? n_ranks : 0;
-        CCLITE_TRY(ok(device_reduce(out, a, b, elems, t, op, div, stream), "reduction kernel"));
+    // Runs the plan's steps (ipc_plan.hpp) on `stream`; the first error is kept.
+    struct runner {
+      ipc_engine& e;
+      cudaStream_t stream;
+      const char* name;
+      const unsigned char* send;
+      unsigned char* recv;
+      dtype t;
+      reduce_op op;
+      std::size_t slot = 0;
+      status st;
+      bool check(cudaError_t err, const char* what) {
+        if (err == cudaSuccess) return true;
+        st = e.fail(cuda_status(err, (std::string("device ") + name + " (CUDA IPC): " + what).c_str()));
+        return false;
       }
-      return status();
-    };
-    // Records `ev` of this rank, then (after a barrier: every peer has recorded
-    // its own) makes the stream wait for the peers' `ev`: all of them (-1), only
-    // rank `from`, or none (-2: this rank reads no peer's slot this time).
-    auto exchange = [&](event_kind ev, std::size_t slot, int from) -> status {
-      CCLITE_TRY(ok(cudaEventRecord(own_event(ev, slot), stream), "cudaEventRecord"));
-      status b = chan_->barrier();
-      if (!b.ok()) return fail(status(b.code(), std::string("device ") + name + " (CUDA IPC): " + b.message()));
-      for (int q = 0; q < n_ranks; ++q) {
-        if (q == me || from == -2 || (from >= 0 && q != from)) continue;
-        CCLITE_TRY(ok(cudaStreamWaitEvent(stream, peer_event(q, ev, slot), 0), "cudaStreamWaitEvent"));
-      }
-      return status();
-    };
-
-    for (std::size_t c = 0; c < chunks; ++c) {
-      const std::size_t off = c * per_chunk * es;  // byte offset of the chunk in each rank's block
-      const std::size_t n = std::min(per_chunk, count - c * per_chunk);
-      const std::size_t w = n * es;
-      const std::size_t s = next_slot_++ % static_cast<std::size_t>(slots());
-      unsigned char* mine = stage(me, s);
-      // free: the peers have read this slot's previous contents.
-      if (used_[s]) {
-        for (int q = 0; q < n_ranks; ++q) {
-          if (q != me) CCLITE_TRY(ok(cudaStreamWaitEvent(stream, peer_event(q, done, s), 0), "cudaStreamWaitEvent"));
+      void copy_in(std::size_t slot_off, std::size_t send_off, std::size_t bytes) {
+        if (st.ok()) {
+          check(cudaMemcpyAsync(e.stage(e.rank(), slot) + slot_off, send + send_off, bytes, cudaMemcpyDeviceToDevice,
+                                stream),
+                "cudaMemcpyAsync");
         }
+      }
+      void copy_out(std::size_t recv_off, int from, std::size_t slot_off, std::size_t bytes) {
+        if (st.ok()) {
+          check(cudaMemcpyAsync(recv + recv_off, e.stage(from, slot) + slot_off, bytes, cudaMemcpyDeviceToDevice,
+                                stream),
+                "cudaMemcpyAsync");
+        }
+      }
+      void reduce(bool to_slot, std::size_t out_off, std::size_t slot_off, std::size_t elems, int first) {
+        unsigned char* out = (to_slot ? e.stage(e.rank(), slot) : recv) + out_off;
+        const int n = e.size();
+        for (int j = 1; j < n && st.ok(); ++j) {
+          const unsigned char* a = j == 1 ? e.stage(first, slot) + slot_off : out;
+          const unsigned char* b = e.stage((first + j) % n, slot) + slot_off;
+          check(device_reduce(out, a, b, elems, t, op, j == n - 1 ? n : 0, stream), "reduction kernel");
+        }
+      }
+      void exchange(ipc_event_kind ev, int from) {
+        if (!st.ok() || !check(cudaEventRecord(e.own_event(ev, slot), stream), "cudaEventRecord")) return;
+        status b = e.chan_->barrier();
+        if (!b.ok()) {
+          st = e.fail(status(b.code(), std::string("device ") + name + " (CUDA IPC): " + b.message()));
+          return;
+        }
+        for (int q = 0; q < e.size() && st.ok(); ++q) {
+          if (q == e.rank() || from == -2 || (from >= 0 && q != from)) continue;
+          check(cudaStreamWaitEvent(stream, e.peer_event(q, ev, slot), 0), "cudaStreamWaitEvent");
+        }
+      }
+    } run{*this, stream, name, static_cast<const unsigned char*>(send), static_cast<unsigned char*>(recv), t, op, 0, {}};
+
+    for (std::size_t c = 0; c < call.chunks() && run.st.ok(); ++c) {
+      const std::size_t s = next_slot_++ % static_cast<std::size_t>(slots());
+      run.slot = s;
+      // free: the peers have read this slot's previous contents.
+      for (int q = 0; used_[s] && q < size() && run.st.ok(); ++q) {
+        if (q != rank()) run.check(cudaStreamWaitEvent(stream, peer_event(q, ipc_done, s), 0), "cudaStreamWaitEvent");
       }
       used_[s] = true;
-      // in
-      if (k == collective_kind::reduce_scatter) {
-        // One row per rank (a handful): plain copies, no 2D pitch limit to mind.
-        for (std::size_t r = 0; r < rows; ++r) CCLITE_TRY(copy(mine + r * w, src + r * pitch + off, w));
-      } else if (k != collective_kind::broadcast || is_root) {
-        CCLITE_TRY(copy(mine, src + off, w));
-      }
-      int from = -1;  // whose slots this rank reads
-      if (k == collective_kind::broadcast) from = is_root ? -2 : root;
-      if (k == collective_kind::reduce && !is_root) from = -2;
-      CCLITE_TRY(exchange(in, s, from));
-      switch (k) {
-        case collective_kind::allreduce: {
-          const ipc_segment my = ipc_segment_of(n, n_ranks, me, ipc_align_elems(t));
-          if (my.count) CCLITE_TRY(reduce_all(mine + my.offset * es, s, my.offset * es, my.count, me));
-          CCLITE_TRY(exchange(red, s, -1));
-          for (int q = 0; q < n_ranks; ++q) {
-            const ipc_segment sg = ipc_segment_of(n, n_ranks, q, ipc_align_elems(t));
-            if (sg.count) CCLITE_TRY(copy(dst + off + sg.offset * es, stage(q, s) + sg.offset * es, sg.count * es));
-          }
-          break;
-        }
-        case collective_kind::reduce:
-          if (is_root) CCLITE_TRY(reduce_all(dst + off, s, 0, n, me));
-          break;
-        case collective_kind::broadcast:
-          if (!is_root) CCLITE_TRY(copy(dst + off, stage(root, s), w));
-          break;
-        case collective_kind::allgather:
-          for (int q = 0; q < n_ranks; ++q) {
-            unsigned char* to = dst + static_cast<std::size_t>(q) * pitch + off;
-            if (q == me && to == src + off) continue;  // in place: already there
-            CCLITE_TRY(copy(to, stage(q, s), w));
-          }
-          break;
-        case collective_kind::reduce_scatter:
-          CCLITE_TRY(reduce_all(dst + off, s, static_cast<std::size_t>(me) * w, n, me));
-          break;
-        default:
-          return make_error(errc::invalid_argument, "%s is not offered on device buffers", name);
-      }
-      CCLITE_TRY(ok(cudaEventRecord(own_event(done, s), stream), "cudaEventRecord"));
+      ipc_chunk_plan(call, c, run);
+      if (run.st.ok()) run.check(cudaEventRecord(own_event(ipc_done, s), stream), "cudaEventRecord");
     }
-    return status();
+    return run.st;
   }
 
   /// Waits until everything enqueued on `stream` has run (bounded by the
@@ -297,8 +249,7 @@ class ipc_engine {
   status failure() const { return failed_; }
 
  private:
-  enum event_kind : int { in = 0, red = 1, done = 2 };
-  static constexpr int events_per_slot = 3;
+  static constexpr int events_per_slot = 3;  // ipc_in, ipc_red, ipc_done
 
   // One rank's blob in the set-up allgather: the memory handle, then the
   // events' handles slot by slot.
@@ -318,10 +269,10 @@ class ipc_engine {
     auto* base = q == rank() ? own_.as<unsigned char>() : static_cast<unsigned char*>(mapped_[q].data());
     return base + slot * cfg_.chunk_bytes;
   }
-  cudaEvent_t own_event(event_kind k, std::size_t slot) const {
+  cudaEvent_t own_event(ipc_event_kind k, std::size_t slot) const {
     return own_events_[slot * events_per_slot + k].get();
   }
-  cudaEvent_t peer_event(int q, event_kind k, std::size_t slot) const {
+  cudaEvent_t peer_event(int q, ipc_event_kind k, std::size_t slot) const {
     return peer_events_[static_cast<std::size_t>(q)][slot * events_per_slot + k].get();
   }
 
