@@ -351,9 +351,14 @@ class device_communicator {
     std::vector<std::int64_t> devs(static_cast<std::size_t>(size()));
     const std::int64_t mine = device_;
     CCLITE_TRY(host_->allgather(&mine, devs.data(), 1, dtype::int64));
-    for (std::int64_t d : devs) {
-      auto yes = can_access_peer(device_, static_cast<int>(d));
+    for (std::size_t q = 0; q < devs.size(); ++q) {
+      const int d = static_cast<int>(devs[q]);
+      auto yes = can_access_peer(device_, d);
       f.peers_reachable = f.peers_reachable && yes.ok() && yes.value();
+      if (static_cast<int>(q) != rank()) {
+        CCLITE_INFO(host_->log(), "device_communicator: GPU %d -> rank %zu's GPU %d: %s", device_, q, d,
+                    describe_peer_link(device_, d).c_str());
+      }
     }
     std::string why = detail::ipc_ineligible_reason(f);
     std::int64_t all_ok = why.empty() ? 1 : 0;

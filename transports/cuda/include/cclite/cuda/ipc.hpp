@@ -150,6 +150,27 @@ inline result<bool> can_access_peer(int device, int peer) {
   return yes != 0;
 }
 
+/// What connects `device` to `peer`, for the log: "the same GPU", "peer access
+/// (P2P performance rank R, native atomics yes|no)" from
+/// cudaDeviceGetP2PAttribute (rank 0 is the fastest link the driver knows; NVLink
+/// is where native atomics are offered across GPUs), "no peer access", or why
+/// it could not be told. NVML, which names NVLink outright, is not used: the
+/// toolkit here ships no nvml.h.
+inline std::string describe_peer_link(int device, int peer) {
+  if (device == peer) return "the same GPU";
+  auto yes = can_access_peer(device, peer);
+  if (!yes) return yes.error().message();
+  if (!yes.value()) return "no peer access";
+  int perf = -1, atomics = 0;
+  if (cudaDeviceGetP2PAttribute(&perf, cudaDevP2PAttrPerformanceRank, device, peer) != cudaSuccess ||
+      cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, peer) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "peer access";
+  }
+  return "peer access (P2P performance rank " + std::to_string(perf) + ", native atomics " +
+         (atomics ? "yes" : "no") + ")";
+}
+
 /// Every rank publishes `handle` under `key/<rank>` and gets all ranks' handles
 /// (store_allgather with a clearer error): the one exchange the transport needs.
 inline result<std::vector<std::string>> exchange_handles(store& kv, const std::string& key, int rank,
