@@ -382,6 +382,7 @@ int native_rank(const char* dir, int rank, int size) {
     cuda::device_options o;
     o.backend = "native";
     o.chunk_bytes = 256u << 10;  // many ragged chunks
+    o.ipc_chunk_bytes = 256u << 10;
     o.slots = 3;
     o.ipc = ipc;
     auto made = device_comm::create(*comm.value(), o);
@@ -399,7 +400,7 @@ int native_rank(const char* dir, int rank, int size) {
     failed += check_arguments_and_host(dc, path, rank, size);
     failed += check_timing_and_routes(dc, s, path, rank, size);
   }
-  // 256 MiB float sum, stream-ordered, default 4 x 4 MiB slots, both paths.
+  // 256 MiB float sum, stream-ordered, default slots (staged 4 x 4 MiB, ipc 4 x 16 MiB), both paths.
   for (const bool ipc : {true, false}) {
     cuda::device_options big_o;
     big_o.backend = "native";
