@@ -114,10 +114,13 @@ struct marking_hook final : device_hook {
   const void* marked = nullptr;
   int calls = 0;
   op_desc last;
+  const work* before = nullptr;  // an _async call issued earlier: finished when run() starts?
+  bool before_done = false;
   bool owns(const op_desc& d) const noexcept override { return d.send == marked || d.recv == marked; }
   status run(const op_desc& d) override {
     ++calls;
     last = d;
+    if (before) before_done = before->done();
     return d.count == 13 ? make_error(errc::unsupported, "thirteen") : status();
   }
 };
@@ -159,12 +162,21 @@ TEST_CASE("device hook: calls on its buffers go to it, checked first; host buffe
     auto child = c.split(0, c.rank());
     MP_REQUIRE_OK(child ? status() : child.error());
     MP_CHECK(child.value()->get_device_hook() == nullptr);
+    // Issue order: a host call queued before a device call has finished when the hook runs.
+    float queued[2] = {1, 1};
+    work pending = c.allreduce_async(queued, queued, 2, dtype::float32, reduce_op::sum);
+    hook.before = &pending;
+    MP_REQUIRE_OK(c.allreduce(dev, dev, 4, dtype::float32, reduce_op::sum));
+    MP_CHECK(hook.calls == 5 && hook.before_done);
+    MP_REQUIRE_OK(pending.wait());
+    MP_CHECK(queued[0] == 2.0f);
+    hook.before = nullptr;
     // Removed: the marked array is ordinary memory again.
     c.set_device_hook(nullptr);
     dev[0] = static_cast<float>(c.rank() + 1);
     MP_REQUIRE_OK(c.allreduce(dev, dev, 1, dtype::float32, reduce_op::sum));
     MP_CHECK(dev[0] == 3.0f);
-    MP_CHECK(hook.calls == 4);
+    MP_CHECK(hook.calls == 5);
     return 0;
   });
 }

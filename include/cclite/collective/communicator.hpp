@@ -104,9 +104,10 @@ class communicator final : private detail::comm_shared<Transports...>, private d
   const logger& log() const noexcept { return log_; }
 
   /// Hands calls on device buffers to `h` from now on (null: none); see
-  /// collective/device_hook.hpp. The _async forms run such a call before they
-  /// return; their handle holds its status. Not thread-safe against calls in
-  /// flight: install before, remove after. `h` must outlive its installation.
+  /// collective/device_hook.hpp. Such a call first waits for the _async calls
+  /// issued before it (issue order); the _async forms run it before they
+  /// return, and their handle holds its status. Not thread-safe against calls
+  /// in flight: install before, remove after. `h` must outlive its installation.
   void set_device_hook(device_hook* h) noexcept { device_ = h; }
   device_hook* get_device_hook() const noexcept { return device_; }
 
@@ -362,17 +363,22 @@ CCLITE_SETUP_CODE_END
     return d;
   }
   // Argument errors are reported at once on the calling rank, without queuing.
-  // Device buffers go to the device hook, if one is installed.
+  // Device buffers go to the device hook, if one is installed, once what was
+  // issued before has finished (issue order, as for every call).
   status run(const op_desc& d) {
     CCLITE_TRY(detail::validate(d, size_));
-    if (device_ && device_->owns(d)) return device_->run(d);
+    if (device_ && device_->owns(d)) return run_on_device(d);
     return queue_.run(d);
   }
   work submit(const op_desc& d) {
     status st = detail::validate(d, size_);
     if (!st.ok()) return work::failed(std::move(st));
-    if (device_ && device_->owns(d)) return work::completed(device_->run(d));
+    if (device_ && device_->owns(d)) return work::completed(run_on_device(d));
     return queue_.submit(d);
+  }
+  status run_on_device(const op_desc& d) {
+    queue_.wait_idle();
+    return device_->run(d);
   }
 
   status execute(const op_desc& d) override {

@@ -121,6 +121,13 @@ class work_queue {
     return w.wait();
   }
 
+  /// Returns once nothing is queued or running: what was issued before has
+  /// finished (each queued collective is bounded by its own deadline).
+  void wait_idle() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return count_ == 0 && !busy_; });
+  }
+
   /// Queues `d` for the background thread.
   work submit(const op_desc& d) {
 #if defined(CCLITE_NO_THREADS)
