@@ -1,5 +1,7 @@
-// Two processes sharing one GPU through CUDA IPC (cclite/cuda/ipc.hpp), the way the
-// CUDA IPC transport will run on a single-GPU machine; run by tests/gpu/run.sh.
+// Two processes sharing one GPU through CUDA IPC's building blocks (cclite/cuda/ipc.hpp)
+// alone, without the engine; run by tests/gpu/run.sh. The native engine's IPC path
+// (cuda/ipc_engine.hpp) is checked by device_comm_gpu; this stays as the baseline
+// that tells a broken building block from a broken engine.
 //
 // Each rank cudaMallocs its input, exports the handle through a file store,
 // maps the peer's input and runs a direct allreduce: out = mine op peer's with
@@ -7,7 +9,6 @@
 // in place. Checked bit for bit for every dtype x op; then timed at 256 MiB
 // float sum (busbw = algbw for 2 ranks). The ranks synchronise through an atomic
 // counter in shared memory (mapped before fork), so the timing is not the store's.
-// Not the transport itself (no ring, no pipelining): its building blocks on a GPU.
 // Exit codes: 0 ok, 1 failure, 77 no CUDA device (skip).
 #include <cclite/bootstrap/file_store.hpp>
 #include <cclite/cuda/ipc.hpp>
