@@ -310,8 +310,9 @@ int check_timing_and_routes(device_comm& dc, cudaStream_t s, const char* path, i
 }
 
 // cuda::device_buffers: device pointers through the CPU communicator's own
-// calls (blocking and _async), host pointers on its CPU path, unsupported
-// collectives named; the hook gone with the object. Returns failed checks.
+// calls (blocking and _async; alltoall, gather, scatter through host memory),
+// host pointers on its CPU path, unsupported collectives named; the hook gone
+// with the object. Returns failed checks.
 int check_device_buffers(default_communicator& comm, int rank, int size) {
   const std::size_t n = 300007;
   auto gpu = cuda::device_buffers<default_communicator>::enable(comm);
@@ -339,13 +340,41 @@ int check_device_buffers(default_communicator& comm, int rank, int size) {
   std::vector<float> h(1000, float(rank + 1));  // host memory: the CPU path
   OR_DIE(comm.allreduce(h.data(), h.size()));
   const bool host_ok = h[0] == float(size * (size + 1) / 2);
-  const status a2a = comm.alltoall(a.at(), b.at(), 16, dtype::float32);
-  const bool named = a2a.code() == errc::unsupported && a2a.message().find("alltoall on device buffers") != std::string::npos;
+  // alltoall, gather, scatter through host memory (device_buffers' through_host).
+  {
+    const std::size_t m = 1001;
+    const auto mine = gt::input(dtype::int32, m * static_cast<std::size_t>(size), rank);
+    GPU(cudaMemcpy(a.at(), mine.data(), mine.size(), cudaMemcpyHostToDevice));
+    OR_DIE(comm.alltoall(a.at(), b.at(), m, dtype::int32));
+    gt::bytes got(mine.size());
+    GPU(cudaMemcpy(got.data(), b.at(), got.size(), cudaMemcpyDeviceToHost));
+    for (int q = 0; q < size; ++q) {  // block q = block `rank` of rank q's input
+      const auto theirs = gt::input(dtype::int32, m * static_cast<std::size_t>(size), q);
+      wrong += gt::wrong_elements(slice(got, static_cast<std::size_t>(q), m * 4),
+                                  slice(theirs, static_cast<std::size_t>(rank), m * 4), dtype::int32);
+    }
+    OR_DIE(comm.gather(a.at(), b.at(), m, dtype::int32, 0));
+    if (rank == 0) {
+      GPU(cudaMemcpy(got.data(), b.at(), got.size(), cudaMemcpyDeviceToHost));
+      for (int q = 0; q < size; ++q) {
+        const auto theirs = gt::input(dtype::int32, m * static_cast<std::size_t>(size), q);
+        wrong += gt::wrong_elements(slice(got, static_cast<std::size_t>(q), m * 4), slice(theirs, 0, m * 4),
+                                    dtype::int32);
+      }
+    }
+    OR_DIE(comm.scatter(a.at(), b.at(), m, dtype::int32, size - 1));
+    gt::bytes piece(m * 4);
+    GPU(cudaMemcpy(piece.data(), b.at(), piece.size(), cudaMemcpyDeviceToHost));
+    wrong += gt::wrong_elements(piece, slice(gt::input(dtype::int32, m * static_cast<std::size_t>(size), size - 1),
+                                             static_cast<std::size_t>(rank), m * 4), dtype::int32);
+  }
+  const status sr = comm.sendrecv(a.at(), 16, (rank + 1) % size, b.at(), 16, (rank + size - 1) % size, dtype::float32);
+  const bool named = sr.code() == errc::unsupported && sr.message().find("sendrecv on device buffers") != std::string::npos;
   gpu.value().reset();
   const bool removed = comm.get_device_hook() == nullptr;
   const bool ok = wrong == 0 && host_ok && named && removed;
   if (rank == 0 || !ok) {
-    std::printf("RESULT devcomm device_buffers_in_communicator %s (rank %d: %zu wrong, host %s, alltoall %s, removed %s)\n",
+    std::printf("RESULT devcomm device_buffers_in_communicator %s (rank %d: %zu wrong, host %s, sendrecv refused %s, removed %s)\n",
                 ok ? "ok" : "FAIL", rank, wrong, host_ok ? "ok" : "FAIL", named ? "ok" : "FAIL", removed ? "ok" : "FAIL");
   }
   return !ok;

@@ -17,17 +17,26 @@
 // rank must pass the same kind of memory to a call.
 //
 // Device buffers are taken by allreduce, broadcast, reduce, allgather and
-// reduce_scatter (blocking and _async; the _async forms run the call before
-// they return). The other collectives on device buffers are unsupported, with a
-// message naming what offers them; a host buffer and a device buffer in one
-// call are invalid_argument. Stream-ordered work stays with
-// `device()` (device_communicator's forms taking a cudaStream_t).
+// reduce_scatter on the device communicator's engine, and by gather, scatter,
+// alltoall, send and recv through host memory: the device data is copied to a
+// host buffer of the object's (grown to the largest call, kept), the CPU
+// collective runs on it, the result is copied back - correct, not fast (a
+// GPU-to-GPU path for these is still to come). The v-variants and sendrecv on
+// device buffers are unsupported, with a message naming what offers them; a
+// host buffer and a device buffer in one call are invalid_argument. Blocking
+// and _async alike (the _async forms run the call before they return).
+// Stream-ordered work stays with `device()` (device_communicator's forms
+// taking a cudaStream_t).
 // Errors of enable(): device_communicator::create's (unsupported "no CUDA
 // device" on a machine without a GPU; the communicator is left as it was).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include <cclite/collective/device_hook.hpp>
 #include <cclite/collective/op.hpp>
@@ -72,11 +81,15 @@ class device_buffers final : public device_hook {
       case collective_kind::reduce: return dc.reduce(d.send, d.recv, d.count, d.type, d.op, d.root);
       case collective_kind::allgather: return dc.allgather(d.send, d.recv, d.count, d.type);
       case collective_kind::reduce_scatter: return dc.reduce_scatter(d.send, d.recv, d.count, d.type, d.op);
+      case collective_kind::gather:
+      case collective_kind::scatter:
+      case collective_kind::alltoall:
+      case collective_kind::send:
+      case collective_kind::recv: return through_host(d);
       default:
         return make_error(errc::unsupported,
-                          "rank %d: %s on device buffers is not offered yet (allreduce, broadcast, reduce, "
-                          "allgather and reduce_scatter are; cclite::nccl::backend also has alltoall and "
-                          "send/recv; or copy to host memory first)",
+                          "rank %d: %s on device buffers is not offered yet (cclite::nccl::backend has "
+                          "alltoall and send/recv on device buffers; or copy to host memory first)",
                           comm_->rank(), to_string(d.kind));
     }
   }
@@ -84,8 +97,44 @@ class device_buffers final : public device_hook {
  private:
   device_buffers(Comm& comm, std::unique_ptr<device_communicator<Comm>> dc) : comm_(&comm), dc_(std::move(dc)) {}
 
+  // gather, scatter, alltoall, send, recv: device -> host_, the CPU call on
+  // host_, host_ -> device (see the file comment). cudaMemcpy from device
+  // memory waits for the legacy default stream only, hence the rule that the
+  // data be ready before the call.
+  status through_host(const op_desc& d) {
+    const std::size_t es = size_of(d.type), n = static_cast<std::size_t>(comm_->size());
+    const bool root = comm_->rank() == d.root;
+    std::size_t sb = 0, rb = 0;  // bytes of send and recv this rank uses
+    switch (d.kind) {
+      case collective_kind::gather: sb = d.count * es; rb = root ? n * d.count * es : 0; break;
+      case collective_kind::scatter: sb = root ? n * d.count * es : 0; rb = d.count * es; break;
+      case collective_kind::alltoall: sb = rb = n * d.count * es; break;
+      case collective_kind::send: sb = d.count * es; break;
+      default: rb = d.count * es; break;  // recv
+    }
+    if ((sb && !is_device_pointer(d.send)) || (rb && !is_device_pointer(d.recv))) {
+      return make_error(errc::invalid_argument, "device %s: send %p and recv %p must both be device memory",
+                        to_string(d.kind), d.send, static_cast<const void*>(d.recv));
+    }
+    if (host_.size() < sb + rb) host_.resize(sb + rb);
+    unsigned char* hs = sb ? host_.data() : nullptr;
+    unsigned char* hr = rb ? host_.data() + sb : nullptr;
+    if (sb) CCLITE_TRY(cuda_status(cudaMemcpy(hs, d.send, sb, cudaMemcpyDeviceToHost), "cudaMemcpy device -> host"));
+    status s;
+    switch (d.kind) {
+      case collective_kind::gather: s = comm_->gather(hs, hr, d.count, d.type, d.root); break;
+      case collective_kind::scatter: s = comm_->scatter(hs, hr, d.count, d.type, d.root); break;
+      case collective_kind::alltoall: s = comm_->alltoall(hs, hr, d.count, d.type); break;
+      case collective_kind::send: s = comm_->send(hs, d.count, d.type, d.root); break;
+      default: s = comm_->recv(hr, d.count, d.type, d.root); break;
+    }
+    if (!s.ok() || !rb) return s;
+    return cuda_status(cudaMemcpy(d.recv, hr, rb, cudaMemcpyHostToDevice), "cudaMemcpy host -> device");
+  }
+
   Comm* comm_;
   std::unique_ptr<device_communicator<Comm>> dc_;
+  std::vector<unsigned char> host_;  ///< through_host()'s staging, grown to the largest call
 };
 
 }  // namespace cclite::cuda
