@@ -49,7 +49,8 @@ template <class Comm>
 class device_buffers final : public device_hook {
  public:
   /// Collective over `comm`: see the file comment. `comm` must outlive the
-  /// returned object, and no call may be in flight on `comm` meanwhile.
+  /// returned object; no other thread may call `comm` while the hook is
+  /// installed (here) or removed (the destructor).
   static result<std::unique_ptr<device_buffers>> enable(Comm& comm, device_options o = {}) {
     auto dc = device_communicator<Comm>::create(comm, o);
     if (!dc) return dc.error();
