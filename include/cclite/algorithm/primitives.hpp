@@ -47,7 +47,7 @@ class primitives {
 
   status send(const std::uint8_t* src, std::size_t bytes) {
     return pump(bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
-      std::memcpy(dst, src + off, n);
+      pass_on(dst, src + off, n);
     });
   }
 
@@ -64,10 +64,16 @@ class primitives {
     });
   }
 
-  /// Until finish(): recv and recv_copy_send write `out` with non-temporal
-  /// stores (core/stream_copy.hpp), for results larger than the cache that
-  /// the caller's buffer would otherwise first read for ownership.
-  void stream_output(bool on) noexcept { stream_out_ = on; }
+  /// Until finish(), for calls larger than the cache: `out` (recv,
+  /// recv_copy_send) and / or the pure copies into the send FIFO (send, the
+  /// forward of recv_reduce_copy_send) are written with non-temporal stores
+  /// (core/stream_copy.hpp): no read for ownership of the caller's cold lines,
+  /// and none of FIFO lines the peer's core read last. Loops that store to the
+  /// FIFO while reading other memory keep ordinary stores (slower streamed).
+  void stream_output(bool out, bool fifo) noexcept {
+    stream_out_ = out;
+    stream_fifo_ = fifo;
+  }
 
   status recv_reduce_send(const std::uint8_t* local, std::size_t bytes) {
     return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
@@ -92,7 +98,7 @@ class primitives {
       if (local == out) red_->inplace(out + off, in, elems);
       else red_->copy(out + off, local + off, in, elems);
       if (divide_by > 0) red_->divide(out + off, elems, divide_by);
-      std::memcpy(dst, out + off, n);
+      pass_on(dst, out + off, n);
     });
   }
 
@@ -156,7 +162,7 @@ class primitives {
     if (pad_out) CCLITE_TRY(pump(pad_out, false, true, [](const std::uint8_t*, std::uint8_t* d, std::size_t n, std::size_t) { std::memset(d, 0, n); }));
     if (pad_in) CCLITE_TRY(pump(pad_in, true, false, [](const std::uint8_t*, std::uint8_t*, std::size_t, std::size_t) {}));
     sent_ = received_ = 0;
-    stream_out_ = false;
+    stream_out_ = stream_fifo_ = false;
     // A link that buffers output in user space (tcp) must hand it all to the
     // kernel before the collective returns: the caller may compute for a
     // long time before its next call, and the peer needs those bytes now.
@@ -166,14 +172,19 @@ class primitives {
   }
 
  private:
-  // A piece of the result into the caller's buffer (see stream_output()).
-  void keep(std::uint8_t* to, const std::uint8_t* from, std::size_t n) noexcept {
-    if (!stream_out_) {
+  // A piece of the result into the caller's buffer, and a piece copied into
+  // the send FIFO (see stream_output()).
+  void keep(std::uint8_t* to, const std::uint8_t* from, std::size_t n) noexcept { copy_piece(to, from, n, stream_out_); }
+  void pass_on(std::uint8_t* to, const std::uint8_t* from, std::size_t n) noexcept {
+    copy_piece(to, from, n, stream_fifo_);
+  }
+  static void copy_piece(std::uint8_t* to, const std::uint8_t* from, std::size_t n, bool streamed) noexcept {
+    if (!streamed) {
       std::memcpy(to, from, n);
       return;
     }
     stream_copy(to, from, n);
-    stream_fence();
+    stream_fence();  // before the FIFO's commit publishes the piece
   }
 
   // Called when a verb can move nothing. First lets both links move bytes (a
@@ -265,6 +276,7 @@ class primitives {
   std::size_t sent_ = 0, received_ = 0;
   bool stalled_ = false;
   bool stream_out_ = false;
+  bool stream_fifo_ = false;
   clock::time_point stalled_since_{};
 };
 

@@ -21,14 +21,15 @@
 
 namespace cclite {
 
-/// Out-of-place calls of at least this many bytes keep their final segments
-/// with non-temporal stores (primitives::stream_output): 2 ranks on the
-/// development VM, 3 alternated runs, 16 MiB 10.7-11.8 -> 12.0-12.6 GB/s busbw,
-/// 64 MiB 9.8-10.4 -> 10.6-10.9; at 1-8 MiB, where the result still fits the
-/// cache, 0.5-2 GB/s slower, and in place slower at every size (session 8).
-/// Reducing into the send FIFO or a scratch piece first, to stream the reduced
-/// segment too, gained nothing over this (or lost: FIFO lines last read by the
-/// peer's core are slow to store to).
+/// Out-of-place calls of at least this many bytes write their final segments
+/// and their pure copies into the send FIFO with non-temporal stores
+/// (primitives::stream_output). 2 ranks on the development VM, alternated
+/// runs (session 8): final segments streamed, 16 MiB 10.7-11.8 -> 12.0-12.6
+/// GB/s busbw, 64 MiB 9.8-10.4 -> 10.6-10.9 (3 pairs); the FIFO copies too,
+/// 64 MiB a further +7 % (median 9.6 -> 10.3 in 8 of 8 pairs, a slower hour).
+/// At 1-8 MiB, where the data still fits the cache, 0.5-2 GB/s slower; in
+/// place slower at every size (the FIFO part by 40 %); reducing into the FIFO
+/// or a scratch piece to stream the reduced segment as well lost.
 inline constexpr std::size_t ring_stream_output_min_bytes = std::size_t{16} << 20;
 
 /// `send` may equal `recv` (in place). `pos` is this rank's ring position.
@@ -41,7 +42,8 @@ status ring_allreduce(Prims& prims, const std::uint8_t* send, std::uint8_t* recv
     return {};
   }
   const segments segs{count, static_cast<std::size_t>(n)};
-  prims.stream_output(send != recv && count * elem >= ring_stream_output_min_bytes);
+  const bool stream = send != recv && count * elem >= ring_stream_output_min_bytes;
+  prims.stream_output(stream, stream);
   const int divide_by = red.needs_divide ? n : 0;
   auto seg_at = [&](int k) { return static_cast<std::size_t>(((pos - k) % n + n) % n); };
   const std::size_t rounds = rounds_for(segs, chunk_elems);

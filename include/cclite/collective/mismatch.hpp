@@ -296,7 +296,7 @@ class checked_primitives {
     return p_.sendrecv(src, send_bytes, o, recv_bytes);
   }
   status finish() { return p_.finish(); }
-  void stream_output(bool on) noexcept { p_.stream_output(on); }
+  void stream_output(bool out, bool fifo) noexcept { p_.stream_output(out, fifo); }
 
   /// Sends our header to `next` if it has not had it in this collective.
   status send_header() { return out(1); }
