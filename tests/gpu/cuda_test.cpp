@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "reference.hpp"
 #include "support/comm.hpp"
 #include "support/mp.hpp"
 
@@ -423,7 +424,6 @@ struct plan_sim {
 std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, int root, std::size_t count,
                          std::size_t chunk_bytes, bool in_place, std::string& why) {
   const std::size_t es = size_of(t);
-  const bool per_rank = kind == collective_kind::allgather || kind == collective_kind::reduce_scatter;
   const std::size_t un = static_cast<std::size_t>(size);
   const std::size_t send_elems = kind == collective_kind::reduce_scatter ? count * un : count;
   const std::size_t recv_elems = kind == collective_kind::allgather ? count * un : count;
@@ -432,20 +432,8 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
     why = per.error().message();
     return 1;
   }
-  // Inputs: small integers (exact in every dtype and order), as tests/gpu/reference.hpp.
-  auto input = [&](int r, std::size_t n) {
-    std::vector<unsigned char> b(n * es);
-    for (std::size_t i = 0; i < n; ++i) {
-      const int v = static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 3 + i / 13) % 5);
-      const double d = v;
-      switch (t) {
-        case dtype::float32: { float f = static_cast<float>(d); std::memcpy(&b[i * es], &f, es); break; }
-        case dtype::int8: { std::int8_t x = static_cast<std::int8_t>(v); std::memcpy(&b[i * es], &x, es); break; }
-        default: { double x = d; std::memcpy(&b[i * es], &x, es); break; }
-      }
-    }
-    return b;
-  };
+  // Inputs: small integers, exact in every dtype and summation order.
+  auto input = [&](int r, std::size_t n) { return gpu_test::input(t, n, r); };
   // In place (broadcast always is): one buffer, send and recv where the
   // communicator's in-place forms put them.
   if (kind == collective_kind::broadcast) in_place = true;
@@ -552,7 +540,6 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
     }
     if (std::memcmp(recv_at[r], want.data(), want.size()) != 0) complain("rank " + std::to_string(r) + ": wrong result");
   }
-  (void)per_rank;
   return problems;
 }
 }  // namespace

@@ -186,19 +186,14 @@ class ipc_engine {
         st = e.fail(cuda_status(err, (std::string("device ") + name + " (CUDA IPC): " + what).c_str()));
         return false;
       }
+      void copy(void* to, const void* from, std::size_t bytes) {
+        if (st.ok()) check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+      }
       void copy_in(std::size_t slot_off, std::size_t send_off, std::size_t bytes) {
-        if (st.ok()) {
-          check(cudaMemcpyAsync(e.stage(e.rank(), slot) + slot_off, send + send_off, bytes, cudaMemcpyDeviceToDevice,
-                                stream),
-                "cudaMemcpyAsync");
-        }
+        copy(e.stage(e.rank(), slot) + slot_off, send + send_off, bytes);
       }
       void copy_out(std::size_t recv_off, int from, std::size_t slot_off, std::size_t bytes) {
-        if (st.ok()) {
-          check(cudaMemcpyAsync(recv + recv_off, e.stage(from, slot) + slot_off, bytes, cudaMemcpyDeviceToDevice,
-                                stream),
-                "cudaMemcpyAsync");
-        }
+        copy(recv + recv_off, e.stage(from, slot) + slot_off, bytes);
       }
       void reduce(bool to_slot, std::size_t out_off, std::size_t slot_off, std::size_t elems, int first) {
         unsigned char* out = (to_slot ? e.stage(e.rank(), slot) : recv) + out_off;
