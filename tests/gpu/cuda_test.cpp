@@ -331,13 +331,24 @@ TEST_CASE("device_communicator argument checks need no device") {
   CHECK(bad(check_device_call(call(collective_kind::reduce_scatter, x, x, 4, static_cast<dtype>(42), sum, 0), 1, 2),
             "reduce_scatter: invalid dtype 42"));
   CHECK(bad(check_device_call(call(collective_kind::allgather, x, x, SIZE_MAX / 16, f32, sum, 0), 1, 2), "overflows"));
+  // gather: send everywhere, recv on the root; scatter: recv everywhere, send on the root.
+  CHECK(check_device_call(call(collective_kind::gather, x, nullptr, 4, f32, sum, 0), 1, 2).ok());
+  CHECK(bad(check_device_call(call(collective_kind::gather, nullptr, x, 4, f32, sum, 0), 1, 2), "gather: null send"));
+  CHECK(bad(check_device_call(call(collective_kind::gather, x, nullptr, 4, f32, sum, 1), 1, 2),
+            "gather: null recv buffer on the root (rank 1)"));
+  CHECK(check_device_call(call(collective_kind::scatter, nullptr, x, 4, f32, sum, 0), 1, 2).ok());
+  CHECK(bad(check_device_call(call(collective_kind::scatter, x, nullptr, 4, f32, sum, 0), 1, 2), "scatter: null recv"));
+  CHECK(bad(check_device_call(call(collective_kind::scatter, nullptr, x, 4, f32, sum, 1), 1, 2),
+            "scatter: null send buffer on the root (rank 1)"));
+  CHECK(bad(check_device_call(call(collective_kind::scatter, x, x, 4, f32, sum, 2), 1, 2), "scatter: root 2"));
+  CHECK(bad(check_device_call(call(collective_kind::alltoall, x, nullptr, 4, f32, sum, 0), 1, 2), "alltoall: null"));
   // Nothing to do: null buffers are fine with count 0.
   CHECK(check_device_call(call(collective_kind::allgather, nullptr, nullptr, 0, f32, sum, 0), 1, 2).ok());
   CHECK(check_device_call(call(collective_kind::reduce, nullptr, nullptr, 0, f32, sum, 1), 1, 2).ok());
   CHECK(check_device_call(call(collective_kind::reduce_scatter, x, x + 2, 2, f32, reduce_op::avg, 0), 1, 2).ok());
 }
 
-TEST_CASE("native engine chunking: the same cut on every rank, per rank for allgather / reduce_scatter") {
+TEST_CASE("native engine chunking: the same cut on every rank, per rank for the per-rank collectives") {
   using cuda::detail::staged_chunk_elems;
   // Whole-buffer collectives: chunk_bytes / element size.
   CHECK(staged_chunk_elems(collective_kind::allreduce, dtype::float32, 8, 4u << 20).value() == (1u << 20));
@@ -353,7 +364,11 @@ TEST_CASE("native engine chunking: the same cut on every rank, per rank for allg
   CHECK(small.error().code() == errc::invalid_argument);
   CHECK(contains(small.error().message(), "device reduce_scatter"));
   CHECK(contains(small.error().message(), "chunk_bytes to at least 72"));
-  CHECK(cuda::detail::per_rank_pieces(collective_kind::allgather));
+  CHECK(staged_chunk_elems(collective_kind::alltoall, dtype::int32, 4, 256).value() == 16);
+  CHECK(staged_chunk_elems(collective_kind::gather, dtype::int32, 4, 256).value() == 16);
+  for (collective_kind k : {collective_kind::allgather, collective_kind::reduce_scatter, collective_kind::gather,
+                            collective_kind::scatter, collective_kind::alltoall})
+    CHECK(cuda::detail::per_rank_pieces(k));
   CHECK(!cuda::detail::per_rank_pieces(collective_kind::broadcast));
 }
 
@@ -425,8 +440,13 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
                          std::size_t chunk_bytes, bool in_place, std::string& why) {
   const std::size_t es = size_of(t);
   const std::size_t un = static_cast<std::size_t>(size);
-  const std::size_t send_elems = kind == collective_kind::reduce_scatter ? count * un : count;
-  const std::size_t recv_elems = kind == collective_kind::allgather ? count * un : count;
+  // Element counts of send and recv on the rank that uses the most.
+  const bool rows_sent = kind == collective_kind::reduce_scatter || kind == collective_kind::scatter ||
+                         kind == collective_kind::alltoall;
+  const bool rows_got = kind == collective_kind::allgather || kind == collective_kind::gather ||
+                        kind == collective_kind::alltoall;
+  const std::size_t send_elems = rows_sent ? count * un : count;
+  const std::size_t recv_elems = rows_got ? count * un : count;
   auto per = cuda::detail::staged_chunk_elems(kind, t, size, chunk_bytes);
   if (!per) {
     why = per.error().message();
@@ -445,9 +465,13 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
     send[r] = input(r, send_elems);
     send_at[r] = send[r].data();
     recv_at[r] = recv[r].data();
-    if (in_place) {
-      send_at[r] = recv[r].data() + (kind == collective_kind::allgather ? block : 0);
-      recv_at[r] = recv[r].data() + (kind == collective_kind::reduce_scatter ? block : 0);
+    // gather / scatter: in place on the root only (the MPI_IN_PLACE rule).
+    const bool rooted = kind == collective_kind::gather || kind == collective_kind::scatter;
+    if (in_place && (!rooted || r == root)) {
+      const bool block_sent = kind == collective_kind::allgather || kind == collective_kind::gather;
+      const bool block_got = kind == collective_kind::reduce_scatter || kind == collective_kind::scatter;
+      send_at[r] = recv[r].data() + (block_sent ? block : 0);
+      recv_at[r] = recv[r].data() + (block_got ? block : 0);
       std::memcpy(send_at[r], send[r].data(), send[r].size());
     }
   }
@@ -464,11 +488,11 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
   call.count = count;
   call.elem = es;
   call.per_chunk = per.value();
-  call.gather_in_place = in_place && kind == collective_kind::allgather;
   for (std::size_t c = 0; c < call.chunks(); ++c) {
     std::vector<plan_sim::rank_trace> tr(un);
     for (int r = 0; r < size; ++r) {
       call.rank = r;
+      call.own_block_in_place = cuda::detail::own_block_in_place(kind, send_at[r], recv_at[r], count * es, r, root);
       plan_sim::visitor v{tr[r], r};
       cuda::detail::ipc_chunk_plan(call, c, v);
     }
@@ -522,7 +546,17 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
   // Expected results.
   for (int r = 0; r < size; ++r) {
     std::vector<unsigned char> want(recv_elems * es, 0x5a);
-    if (kind == collective_kind::allgather) {
+    const std::size_t bb = count * es;  // bytes of one block
+    if (kind == collective_kind::gather) {
+      // The non-roots' recv is not used: untouched.
+      for (int q = 0; r == root && q < size; ++q)
+        std::memcpy(want.data() + static_cast<std::size_t>(q) * bb, input(q, count).data(), bb);
+    } else if (kind == collective_kind::scatter) {
+      std::memcpy(want.data(), input(root, count * un).data() + static_cast<std::size_t>(r) * bb, bb);
+    } else if (kind == collective_kind::alltoall) {
+      for (int q = 0; q < size; ++q)
+        std::memcpy(want.data() + static_cast<std::size_t>(q) * bb, input(q, count * un).data() + static_cast<std::size_t>(r) * bb, bb);
+    } else if (kind == collective_kind::allgather) {
       for (int q = 0; q < size; ++q) {
         auto x = input(q, count);
         std::memcpy(want.data() + static_cast<std::size_t>(q) * count * es, x.data(), x.size());
@@ -546,7 +580,8 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
 
 TEST_CASE("CUDA IPC path: its plan, run on host memory, gives every collective's result and waits before it reads") {
   const collective_kind kinds[] = {collective_kind::allreduce, collective_kind::broadcast, collective_kind::reduce,
-                                   collective_kind::allgather, collective_kind::reduce_scatter};
+                                   collective_kind::allgather, collective_kind::reduce_scatter, collective_kind::gather,
+                                   collective_kind::scatter, collective_kind::alltoall};
   int cases = 0;
   for (collective_kind k : kinds)
     for (int size : {2, 3, 4})
@@ -563,7 +598,7 @@ TEST_CASE("CUDA IPC path: its plan, run on host memory, gives every collective's
             CHECK(bad == 0);
             ++cases;
           }
-  CHECK(cases == 240);
+  CHECK(cases == 384);
 }
 
 TEST_CASE("CUDA IPC path: taken only when every condition holds, else a reason a user can act on") {

@@ -2,10 +2,11 @@
 // (native engine: pinned host staging + shm, host collectives in CUDA host
 // functions), then 1 process with the NCCL engine when built with NCCL.
 //   - stream-ordered allreduce, every dtype x op, bit for bit, ragged chunks
-//   - broadcast, reduce, allgather, reduce_scatter: every dtype (x op for reduce
-//     and reduce_scatter), stream-ordered (out of place) and blocking (in place),
-//     bit for bit against the host reference, each call spanning several staging
-//     chunks; roots alternate; a non-root's reduce recv stays untouched
+//   - broadcast, reduce, allgather, reduce_scatter, gather, scatter, alltoall:
+//     every dtype (x op for reduce and reduce_scatter), stream-ordered (out of
+//     place) and blocking (in place), bit for bit against the host reference,
+//     each call spanning several staging chunks; roots alternate; a non-root's
+//     reduce / gather recv stays untouched
 //   - the five collectives enqueued back to back on one stream without waiting
 //     in between (staging slots reused across kinds), results right after
 //   - argument checks (bad root, null buffer, bad dtype, mixed pointers) and host
@@ -103,11 +104,13 @@ gt::bytes gathered(dtype t, std::size_t n, int size) {
   return all;
 }
 
-// broadcast, reduce, allgather, reduce_scatter through `dc`: every dtype (x op
-// for the reducing ones), stream-ordered on `s` (out of place, uploads not
-// waited for: the call must order after them) and blocking (in place), against
+// broadcast, reduce, allgather, reduce_scatter, gather, scatter, alltoall through
+// `dc`: every dtype (x op for the reducing ones), stream-ordered on `s` (out of
+// place, uploads not waited for: the call must order after them) and blocking
+// (in place; alltoall on NCCL out of place), against
 // the host reference; n elements per rank. Returns the number of failed cases.
 int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int rank, int size, std::size_t n) {
+  const bool nccl = std::string(engine) == "nccl";
   const auto un = static_cast<std::size_t>(size);
   const auto me = static_cast<std::size_t>(rank);
   dev a(n * un * 8), b(n * un * 8);
@@ -120,8 +123,8 @@ int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int r
     std::vector<gt::bytes> ref;
     for (int oi = 0; oi < reduce_op_count; ++oi) ref.push_back(gt::reduced(t, static_cast<reduce_op>(oi), n * un, size));
     const gt::bytes mine = gt::input(t, n, rank), mine_all = gt::input(t, n * un, rank);
-    const char* names[4] = {"broadcast", "reduce", "allgather", "reduce_scatter"};
-    std::size_t wrong[4][2] = {};  // [collective][stream-ordered, blocking]
+    const char* names[7] = {"broadcast", "reduce", "allgather", "reduce_scatter", "gather", "scatter", "alltoall"};
+    std::size_t wrong[7][2] = {};  // [collective][stream-ordered, blocking]
     for (int form = 0; form < 2; ++form) {
       const bool blocking = form == 1;
       // The blocking form needs its device data ready before the call.
@@ -163,8 +166,34 @@ int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int r
       up(send, mine);
       OR_DIE(blocking ? dc.allgather(send, b.at(), n, t) : dc.allgather(send, b.at(), n, t, s));
       wrong[2][form] += gt::wrong_elements(down(b.at(), bytes * un), gathered(t, n, size), t);
+
+      // gather: send = a, recv = b (a sentinel off the root), or in place on the root.
+      GPU(cudaMemsetAsync(b.at(), 0x5a, bytes * un, s));
+      send = blocking && rank == root ? b.at(me * bytes) : a.at();
+      up(send, mine);
+      OR_DIE(blocking ? dc.gather(send, b.at(), n, t, root) : dc.gather(send, b.at(), n, t, root, s));
+      wrong[4][form] += gt::wrong_elements(down(b.at(), bytes * un),
+                                           rank == root ? gathered(t, n, size) : gt::bytes(bytes * un, 0x5a), t);
+
+      // scatter: root's send = a, recv = b, or in place on the root (recv = send + root * n).
+      const gt::bytes root_all = gt::input(t, n * un, root);
+      if (rank == root) up(a.at(), root_all);
+      void* sc = blocking && rank == root ? a.at(me * bytes) : b.at();
+      OR_DIE(blocking ? dc.scatter(a.at(), sc, n, t, root) : dc.scatter(a.at(), sc, n, t, root, s));
+      wrong[5][form] += gt::wrong_elements(down(sc, bytes), slice(root_all, me, bytes), t);
+
+      // alltoall: send = a, recv = b, or in place (the native engine; NCCL refuses it).
+      up(a.at(), mine_all);
+      void* at = blocking && !nccl ? a.at() : b.at();
+      OR_DIE(blocking ? dc.alltoall(a.at(), at, n, t) : dc.alltoall(a.at(), at, n, t, s));
+      gt::bytes want_a2a;
+      for (int q = 0; q < size; ++q) {
+        const gt::bytes piece = slice(gt::input(t, n * un, q), me, bytes);
+        want_a2a.insert(want_a2a.end(), piece.begin(), piece.end());
+      }
+      wrong[6][form] += gt::wrong_elements(down(at, bytes * un), want_a2a, t);
     }
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < 7; ++c) {
       const bool bad = wrong[c][0] || wrong[c][1];
       failed += bad;
       if (rank == 0 || bad) {
@@ -310,7 +339,8 @@ int check_timing_and_routes(device_comm& dc, cudaStream_t s, const char* path, i
 }
 
 // cuda::device_buffers: device pointers through the CPU communicator's own
-// calls (blocking and _async; alltoall, gather, scatter through host memory),
+// calls (blocking and _async; alltoall, gather, scatter on the device engine,
+// send / recv through host memory),
 // host pointers on its CPU path, unsupported collectives named; the hook gone
 // with the object. Returns failed checks.
 int check_device_buffers(default_communicator& comm, int rank, int size) {
@@ -340,7 +370,7 @@ int check_device_buffers(default_communicator& comm, int rank, int size) {
   std::vector<float> h(1000, float(rank + 1));  // host memory: the CPU path
   OR_DIE(comm.allreduce(h.data(), h.size()));
   const bool host_ok = h[0] == float(size * (size + 1) / 2);
-  // alltoall, gather, scatter through host memory (device_buffers' through_host).
+  // alltoall, gather, scatter through the communicator, on the device engine.
   {
     const std::size_t m = 1001;
     const auto mine = gt::input(dtype::int32, m * static_cast<std::size_t>(size), rank);
@@ -367,6 +397,20 @@ int check_device_buffers(default_communicator& comm, int rank, int size) {
     GPU(cudaMemcpy(piece.data(), b.at(), piece.size(), cudaMemcpyDeviceToHost));
     wrong += gt::wrong_elements(piece, slice(gt::input(dtype::int32, m * static_cast<std::size_t>(size), size - 1),
                                              static_cast<std::size_t>(rank), m * 4), dtype::int32);
+  }
+  // send / recv through host memory (device_buffers' through_host): rank 0 -> 1.
+  {
+    const std::size_t m = 5003;
+    const auto x = gt::input(dtype::float64, m, 7);
+    if (rank == 0) {
+      GPU(cudaMemcpy(a.at(), x.data(), x.size(), cudaMemcpyHostToDevice));
+      OR_DIE(comm.send(a.at(), m, dtype::float64, 1));
+    } else if (rank == 1) {
+      OR_DIE(comm.recv(b.at(), m, dtype::float64, 0));
+      gt::bytes got(x.size());
+      GPU(cudaMemcpy(got.data(), b.at(), got.size(), cudaMemcpyDeviceToHost));
+      wrong += gt::wrong_elements(got, x, dtype::float64);
+    }
   }
   const status sr = comm.sendrecv(a.at(), 16, (rank + 1) % size, b.at(), 16, (rank + size - 1) % size, dtype::float32);
   const bool named = sr.code() == errc::unsupported && sr.message().find("sendrecv on device buffers") != std::string::npos;

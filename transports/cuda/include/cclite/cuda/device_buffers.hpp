@@ -16,11 +16,11 @@
 // device data must be ready (its stream synchronised) before the call. Every
 // rank must pass the same kind of memory to a call.
 //
-// Device buffers are taken by allreduce, broadcast, reduce, allgather and
-// reduce_scatter on the device communicator's engine, and by gather, scatter,
-// alltoall, send and recv through host memory: the device data is copied to a
-// host buffer of the object's (grown to the largest call, kept), the CPU
-// collective runs on it, the result is copied back - correct, not fast (a
+// Device buffers are taken by allreduce, broadcast, reduce, allgather,
+// reduce_scatter, gather, scatter and alltoall on the device communicator's
+// engine, and by send and recv through host memory: the device data is copied
+// to a host buffer of the object's (grown to the largest call, kept), the CPU
+// send / recv runs on it, the result is copied back - correct, not fast (a
 // GPU-to-GPU path for these is still to come). The v-variants and sendrecv on
 // device buffers are unsupported, with a message naming what offers them; a
 // host buffer and a device buffer in one call are invalid_argument. Blocking
@@ -69,9 +69,12 @@ class device_buffers final : public device_hook {
   device_communicator<Comm>& device() const noexcept { return *dc_; }
 
   bool owns(const op_desc& d) const noexcept override {
-    // reduce: only the root's recv is written, so only it decides.
-    const void* recv = d.kind == collective_kind::reduce && d.root != comm_->rank() ? nullptr : d.recv;
-    return route_of(d.send, recv) != buffer_route::host;
+    // Off the root, reduce and gather write no recv and scatter reads no send:
+    // those pointers do not decide.
+    const bool root = d.root == comm_->rank();
+    const bool no_recv = !root && (d.kind == collective_kind::reduce || d.kind == collective_kind::gather);
+    const bool no_send = !root && d.kind == collective_kind::scatter;
+    return route_of(no_send ? nullptr : d.send, no_recv ? nullptr : d.recv) != buffer_route::host;
   }
 
   status run(const op_desc& d) override {
@@ -82,9 +85,9 @@ class device_buffers final : public device_hook {
       case collective_kind::reduce: return dc.reduce(d.send, d.recv, d.count, d.type, d.op, d.root);
       case collective_kind::allgather: return dc.allgather(d.send, d.recv, d.count, d.type);
       case collective_kind::reduce_scatter: return dc.reduce_scatter(d.send, d.recv, d.count, d.type, d.op);
-      case collective_kind::gather:
-      case collective_kind::scatter:
-      case collective_kind::alltoall:
+      case collective_kind::gather: return dc.gather(d.send, d.recv, d.count, d.type, d.root);
+      case collective_kind::scatter: return dc.scatter(d.send, d.recv, d.count, d.type, d.root);
+      case collective_kind::alltoall: return dc.alltoall(d.send, d.recv, d.count, d.type);
       case collective_kind::send:
       case collective_kind::recv: return through_host(d);
       default:
@@ -98,39 +101,24 @@ class device_buffers final : public device_hook {
  private:
   device_buffers(Comm& comm, std::unique_ptr<device_communicator<Comm>> dc) : comm_(&comm), dc_(std::move(dc)) {}
 
-  // gather, scatter, alltoall, send, recv: device -> host_, the CPU call on
-  // host_, host_ -> device (see the file comment). cudaMemcpy from device
-  // memory waits for the legacy default stream only, hence the rule that the
-  // data be ready before the call.
+  // send, recv: device -> host_, the CPU call on host_, host_ -> device (see
+  // the file comment). cudaMemcpy from device memory waits for the legacy
+  // default stream only, hence the rule that the data be ready before the call.
   status through_host(const op_desc& d) {
-    const std::size_t es = size_of(d.type), n = static_cast<std::size_t>(comm_->size());
-    const bool root = comm_->rank() == d.root;
-    std::size_t sb = 0, rb = 0;  // bytes of send and recv this rank uses
-    switch (d.kind) {
-      case collective_kind::gather: sb = d.count * es; rb = root ? n * d.count * es : 0; break;
-      case collective_kind::scatter: sb = root ? n * d.count * es : 0; rb = d.count * es; break;
-      case collective_kind::alltoall: sb = rb = n * d.count * es; break;
-      case collective_kind::send: sb = d.count * es; break;
-      default: rb = d.count * es; break;  // recv
+    const std::size_t bytes = d.count * size_of(d.type);
+    const bool sending = d.kind == collective_kind::send;
+    const void* dev = sending ? d.send : d.recv;
+    if (bytes && !is_device_pointer(dev)) {
+      return make_error(errc::invalid_argument, "device %s: buffer %p must be device memory", to_string(d.kind), dev);
     }
-    if ((sb && !is_device_pointer(d.send)) || (rb && !is_device_pointer(d.recv))) {
-      return make_error(errc::invalid_argument, "device %s: send %p and recv %p must both be device memory",
-                        to_string(d.kind), d.send, static_cast<const void*>(d.recv));
+    if (host_.size() < bytes) host_.resize(bytes);
+    if (sending) {
+      if (bytes) CCLITE_TRY(cuda_status(cudaMemcpy(host_.data(), d.send, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device -> host"));
+      return comm_->send(host_.data(), d.count, d.type, d.root);
     }
-    if (host_.size() < sb + rb) host_.resize(sb + rb);
-    unsigned char* hs = sb ? host_.data() : nullptr;
-    unsigned char* hr = rb ? host_.data() + sb : nullptr;
-    if (sb) CCLITE_TRY(cuda_status(cudaMemcpy(hs, d.send, sb, cudaMemcpyDeviceToHost), "cudaMemcpy device -> host"));
-    status s;
-    switch (d.kind) {
-      case collective_kind::gather: s = comm_->gather(hs, hr, d.count, d.type, d.root); break;
-      case collective_kind::scatter: s = comm_->scatter(hs, hr, d.count, d.type, d.root); break;
-      case collective_kind::alltoall: s = comm_->alltoall(hs, hr, d.count, d.type); break;
-      case collective_kind::send: s = comm_->send(hs, d.count, d.type, d.root); break;
-      default: s = comm_->recv(hr, d.count, d.type, d.root); break;
-    }
-    if (!s.ok() || !rb) return s;
-    return cuda_status(cudaMemcpy(d.recv, hr, rb, cudaMemcpyHostToDevice), "cudaMemcpy host -> device");
+    CCLITE_TRY(comm_->recv(host_.data(), d.count, d.type, d.root));
+    if (!bytes) return status();
+    return cuda_status(cudaMemcpy(d.recv, host_.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy host -> device");
   }
 
   Comm* comm_;

@@ -9,10 +9,12 @@
 //   dc->allreduce(h_sums, h_sums, 4, cclite::dtype::float64, cclite::reduce_op::sum);  // host: CPU path
 //
 // Wraps a CPU communicator (any cclite communicator<...>) and adds device
-// pointers to allreduce, broadcast, reduce, allgather and reduce_scatter, with
-// the CPU communicator's semantics and arguments (counts in elements, per rank
-// for allgather / reduce_scatter; the same in-place forms; reduce's recv only
-// on the root). Two engines, chosen once in create() (CCLITE_GPU_BACKEND, or
+// pointers to allreduce, broadcast, reduce, allgather, reduce_scatter, gather,
+// scatter and alltoall, with the CPU communicator's semantics and arguments
+// (counts in elements, per rank for all but the first three; the same in-place
+// forms, except alltoall's on NCCL; reduce's and gather's recv and scatter's
+// send only on the root). Not here: send / recv / sendrecv and the v-variants
+// (nccl::backend has send / recv / sendrecv). Two engines, chosen once in create() (CCLITE_GPU_BACKEND, or
 // device_options::backend):
 //   nccl    cclite::nccl::backend (built with cclite::nccl); the unique id goes
 //           out over the CPU communicator. NCCL allows one rank per GPU.
@@ -120,16 +122,23 @@ namespace detail {
 /// What one rank can check alone about a device collective, before anything is
 /// enqueued: collective/op.hpp's checks of the CPU communicator (dtype, op of
 /// the reducing ones, root, byte-size overflow, null buffers) plus reduce's
-/// send buffer and the root's recv. invalid_argument
+/// send buffer and the root's recv (gather's likewise; scatter's recv and the
+/// root's send). invalid_argument
 /// "device_communicator rank R: device <what>" naming the argument.
 inline status check_device_call(const op_desc& d, int rank, int size) {
   status s = cclite::detail::validate(d, size);
-  if (s.ok() && d.kind == collective_kind::reduce && d.count != 0) {
-    if (!d.send) {
-      s = make_error(errc::invalid_argument, "reduce: null send buffer with count %zu", d.count);
-    } else if (rank == d.root && !d.recv) {
-      s = make_error(errc::invalid_argument, "reduce: null recv buffer on the root (rank %d) with count %zu",
-                     rank, d.count);
+  // The rooted ones: which buffers a rank uses depends on whether it is the root.
+  const bool rooted = d.kind == collective_kind::reduce || d.kind == collective_kind::gather ||
+                      d.kind == collective_kind::scatter;
+  if (s.ok() && rooted && d.count != 0) {
+    const char* name = to_string(d.kind);
+    const bool everyone_sends = d.kind != collective_kind::scatter;  // scatter: everyone receives
+    if (everyone_sends ? !d.send : !d.recv) {
+      s = make_error(errc::invalid_argument, "%s: null %s buffer with count %zu", name,
+                     everyone_sends ? "send" : "recv", d.count);
+    } else if (rank == d.root && (everyone_sends ? !d.recv : !d.send)) {
+      s = make_error(errc::invalid_argument, "%s: null %s buffer on the root (rank %d) with count %zu", name,
+                     everyone_sends ? "recv" : "send", rank, d.count);
     }
   }
   if (s.ok()) return s;
@@ -252,6 +261,26 @@ class device_communicator {
     return enqueue(collective_kind::reduce_scatter, send, recv, count, t, op, 0, stream);
   }
 
+  /// root's recv (size() * count) = every rank's send (count) in rank order; the
+  /// other ranks' recv is not touched (may be null). In place on the root:
+  /// send == recv + root * count.
+  status gather(const void* send, void* recv, std::size_t count, dtype t, int root, cudaStream_t stream) {
+    return enqueue(collective_kind::gather, send, recv, count, t, reduce_op::sum, root, stream);
+  }
+
+  /// Every rank's recv (count) = block rank() of root's send (size() * count);
+  /// the other ranks' send is not read (may be null). In place on the root:
+  /// recv == send + root * count.
+  status scatter(const void* send, void* recv, std::size_t count, dtype t, int root, cudaStream_t stream) {
+    return enqueue(collective_kind::scatter, send, recv, count, t, reduce_op::sum, root, stream);
+  }
+
+  /// Block r of send (count elements) goes to rank r, block r of recv comes from
+  /// rank r. send == recv is in place on the native engine (NCCL: unsupported).
+  status alltoall(const void* send, void* recv, std::size_t count, dtype t, cudaStream_t stream) {
+    return enqueue(collective_kind::alltoall, send, recv, count, t, reduce_op::sum, 0, stream);
+  }
+
   // ---- blocking: host or device buffers, routed by where they live --------------
 
   status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
@@ -287,6 +316,25 @@ class device_communicator {
   status reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     return routed("reduce_scatter", send, recv, [&] { return host_->reduce_scatter(send, recv, count, t, op); },
                   [&](cudaStream_t s) { return reduce_scatter(send, recv, count, t, op, s); });
+  }
+
+  status gather(const void* send, void* recv, std::size_t count, dtype t, int root) {
+    // Only the root's recv is used, so only it takes part in the route.
+    return routed("gather", send, rank() == root ? recv : nullptr,
+                  [&] { return host_->gather(send, recv, count, t, root); },
+                  [&](cudaStream_t s) { return gather(send, recv, count, t, root, s); });
+  }
+
+  status scatter(const void* send, void* recv, std::size_t count, dtype t, int root) {
+    // Only the root's send is read.
+    return routed("scatter", rank() == root ? send : nullptr, recv,
+                  [&] { return host_->scatter(send, recv, count, t, root); },
+                  [&](cudaStream_t s) { return scatter(send, recv, count, t, root, s); });
+  }
+
+  status alltoall(const void* send, void* recv, std::size_t count, dtype t) {
+    return routed("alltoall", send, recv, [&] { return host_->alltoall(send, recv, count, t); },
+                  [&](cudaStream_t s) { return alltoall(send, recv, count, t, s); });
   }
 
   /// Waits until everything enqueued on `stream` has run (bounded by the
@@ -408,6 +456,17 @@ class device_communicator {
         case collective_kind::reduce: return nccl_->reduce(send, recv, count, t, op, root, stream);
         case collective_kind::allgather: return nccl_->allgather(send, recv, count, t, stream);
         case collective_kind::reduce_scatter: return nccl_->reduce_scatter(send, recv, count, t, op, stream);
+        case collective_kind::gather: return nccl_->gather(send, recv, count, t, root, stream);
+        case collective_kind::scatter: return nccl_->scatter(send, recv, count, t, root, stream);
+        case collective_kind::alltoall:
+          if (send == recv) {
+            return make_error(errc::unsupported,
+                              "device_communicator rank %d: in-place alltoall on the NCCL engine (NCCL's "
+                              "grouped send / recv would overwrite blocks not yet sent); pass a separate "
+                              "recv buffer, or use the native engine (CCLITE_GPU_BACKEND=native)",
+                              rank());
+          }
+          return nccl_->alltoall(send, recv, count, t, stream);
         default: return make_error(errc::invalid_argument, "device %s: not offered", to_string(k));
       }
     }

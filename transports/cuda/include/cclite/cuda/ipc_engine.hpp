@@ -166,9 +166,7 @@ class ipc_engine {
     call.count = count;
     call.elem = size_of(t);
     call.per_chunk = per.value();
-    call.gather_in_place =
-        k == collective_kind::allgather &&
-        send == static_cast<const unsigned char*>(recv) + static_cast<std::size_t>(rank()) * count * call.elem;
+    call.own_block_in_place = own_block_in_place(k, send, recv, count * call.elem, rank(), root);
     const char* name = to_string(k);
     // Runs the plan's steps (ipc_plan.hpp) on `stream`; the first error is kept.
     struct runner {

@@ -5,7 +5,9 @@
 // steps on host memory for every collective, rank count and ragged size, with
 // the ranks in lockstep between exchanges, and checks the results and that no
 // rank reads a slot it did not wait for or that its owner writes meanwhile
-// (DESIGN.md: schedules are type-free code). Every rank's slot holds one chunk.
+// (DESIGN.md: schedules are type-free code). Every rank's slot holds one chunk:
+// the whole chunk, or for the per-rank collectives (staged_chunk_elems) piece c
+// of every rank's block side by side, one row each.
 //
 // The steps of chunk c, as calls on a visitor, in order:
 //   copy_in(slot_off, send_off, bytes)        this rank's send -> its own slot
@@ -61,10 +63,24 @@ struct ipc_call {
   std::size_t count = 0;      ///< elements (per rank for allgather / reduce_scatter)
   std::size_t elem = 1;       ///< bytes per element
   std::size_t per_chunk = 1;  ///< elements per chunk (staged_chunk_elems)
-  bool gather_in_place = false;  ///< allgather with send == recv + rank * count
+  /// This rank's own block needs no copy: allgather with send == recv + rank *
+  /// count, gather's root with the same, scatter's root with recv == send +
+  /// root * count (the communicator's in-place forms).
+  bool own_block_in_place = false;
 
   std::size_t chunks() const noexcept { return per_chunk ? (count + per_chunk - 1) / per_chunk : 0; }
 };
+
+/// ipc_call::own_block_in_place for a call with `block` bytes per rank.
+inline bool own_block_in_place(collective_kind k, const void* send, const void* recv, std::size_t block, int rank,
+                               int root) noexcept {
+  const auto* s = static_cast<const unsigned char*>(send);
+  const auto* r = static_cast<const unsigned char*>(recv);
+  const std::size_t mine = static_cast<std::size_t>(rank) * block;
+  if (k == collective_kind::allgather || (k == collective_kind::gather && rank == root)) return s && r && s == r + mine;
+  if (k == collective_kind::scatter && rank == root) return s && r && r == s + mine;
+  return false;
+}
 
 /// Calls `v` for the steps of chunk `c` of `call` (see the file comment).
 template <class Visitor>
@@ -77,15 +93,20 @@ void ipc_chunk_plan(const ipc_call& call, std::size_t c, Visitor& v) {
   const std::size_t n = std::min(call.per_chunk, call.count - c * call.per_chunk);
   const std::size_t w = n * es;
   const std::size_t pitch = call.count * es;  // bytes between two ranks' blocks in send / recv
-  // in: this rank's part of the chunk into its slot (reduce_scatter: one row per rank).
-  if (k == collective_kind::reduce_scatter) {
+  // in: this rank's part of the chunk into its slot; reduce_scatter, alltoall
+  // and scatter's root: one row per rank (row r = piece c of block r).
+  const bool rows_in = k == collective_kind::reduce_scatter || k == collective_kind::alltoall ||
+                       (k == collective_kind::scatter && is_root);
+  if (rows_in) {
     for (int r = 0; r < call.size; ++r) v.copy_in(static_cast<std::size_t>(r) * w, static_cast<std::size_t>(r) * pitch + off, w);
-  } else if (k != collective_kind::broadcast || is_root) {
+  } else if (!(k == collective_kind::broadcast && !is_root) && k != collective_kind::scatter &&
+             !(k == collective_kind::gather && is_root && call.own_block_in_place)) {
     v.copy_in(0, off, w);
   }
-  int from = -1;  // whose slots this rank reads next
-  if (k == collective_kind::broadcast) from = is_root ? -2 : call.root;
-  if (k == collective_kind::reduce && !is_root) from = -2;
+  // Whose slots this rank reads next: every peer (-1), one rank, or none (-2).
+  int from = -1;
+  if (k == collective_kind::broadcast || k == collective_kind::scatter) from = is_root ? -2 : call.root;
+  if ((k == collective_kind::reduce || k == collective_kind::gather) && !is_root) from = -2;
   v.exchange(ipc_in, from);
   switch (k) {
     case collective_kind::allreduce: {
@@ -108,9 +129,22 @@ void ipc_chunk_plan(const ipc_call& call, std::size_t c, Visitor& v) {
       break;
     case collective_kind::allgather:
       for (int q = 0; q < call.size; ++q) {
-        if (q == me && call.gather_in_place) continue;  // already in place
+        if (q == me && call.own_block_in_place) continue;  // already in place
         v.copy_out(static_cast<std::size_t>(q) * pitch + off, q, 0, w);
       }
+      break;
+    case collective_kind::gather:
+      for (int q = 0; is_root && q < call.size; ++q) {
+        if (q == me && call.own_block_in_place) continue;
+        v.copy_out(static_cast<std::size_t>(q) * pitch + off, q, 0, w);
+      }
+      break;
+    case collective_kind::scatter:
+      if (!(is_root && call.own_block_in_place)) v.copy_out(off, call.root, static_cast<std::size_t>(me) * w, w);
+      break;
+    case collective_kind::alltoall:
+      // Row `me` of every rank's slot is the piece it sends here.
+      for (int q = 0; q < call.size; ++q) v.copy_out(static_cast<std::size_t>(q) * pitch + off, q, static_cast<std::size_t>(me) * w, w);
       break;
     case collective_kind::reduce_scatter:
       v.reduce(false, off, static_cast<std::size_t>(me) * w, n, me);

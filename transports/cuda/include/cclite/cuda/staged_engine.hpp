@@ -32,13 +32,18 @@
 //                   place; every piece -> its rank's block of recv (one 2D copy)
 //   reduce_scatter  the chunk of every rank's block of send -> the slot (one 2D
 //                   copy); reduce_scatter in place; this rank's piece -> recv chunk
+//   gather          as allgather, but only the root copies the slot out
+//   scatter         root: as reduce_scatter's way in; the others: nothing. scatter
+//                   in place; this rank's piece -> recv chunk
+//   alltoall        as reduce_scatter's way in; alltoall in place (the CPU
+//                   communicator's in-place form); every piece -> recv (2D copy)
 // Where a rank copies nothing out, its slot is free once the host function has
 // run, so `up` is recorded on the host stream instead.
 //
 // Chunking: the chunks are separate CPU collectives matched in order across
 // ranks, so every rank must cut a call the same way. allreduce, broadcast and
-// reduce cut `count` into chunk_bytes / element-size pieces. allgather and
-// reduce_scatter cut the per-rank count instead, chunk_bytes / (element size x
+// reduce cut `count` into chunk_bytes / element-size pieces. allgather,
+// reduce_scatter, gather, scatter and alltoall cut the per-rank count instead, chunk_bytes / (element size x
 // ranks) elements of each rank's piece per chunk: a chunk then holds piece c of
 // every rank side by side, so each chunk is one ordinary CPU allgather /
 // reduce_scatter of n elements per rank on every rank (cutting the whole
@@ -78,9 +83,11 @@
 
 namespace cclite::cuda::detail {
 
-/// allgather and reduce_scatter: buffers of one piece per rank, chunked per piece.
+/// allgather, reduce_scatter, gather, scatter, alltoall: buffers of one piece
+/// per rank, chunked per piece.
 inline bool per_rank_pieces(collective_kind k) noexcept {
-  return k == collective_kind::allgather || k == collective_kind::reduce_scatter;
+  return k == collective_kind::allgather || k == collective_kind::reduce_scatter ||
+         k == collective_kind::gather || k == collective_kind::scatter || k == collective_kind::alltoall;
 }
 
 /// Elements of each rank's piece in one staged chunk (of the whole buffer for
@@ -169,10 +176,10 @@ class staged_engine {
   int rank() const noexcept { return chan_->rank(); }
   int size() const noexcept { return chan_->size(); }
 
-  /// Enqueues collective `k` (allreduce, broadcast, reduce, allgather or
-  /// reduce_scatter) on `stream`, chunk by chunk, and returns. The arguments
-  /// must have been checked (device_communicator does). `root`: broadcast and
-  /// reduce only; `op`: the reducing ones only.
+  /// Enqueues collective `k` (allreduce, broadcast, reduce, allgather,
+  /// reduce_scatter, gather, scatter or alltoall) on `stream`, chunk by chunk,
+  /// and returns. The arguments must have been checked (device_communicator
+  /// does). `root`: the rooted ones only; `op`: the reducing ones only.
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
                  int root, cudaStream_t stream) {
     CCLITE_TRY(failure());
@@ -185,9 +192,15 @@ class staged_engine {
     const std::size_t rows = per_rank_pieces(k) ? static_cast<std::size_t>(size()) : 1;
     const std::size_t me = static_cast<std::size_t>(rank());
     const bool is_root = rank() == root;
-    // The file comment's table: which copies this rank makes.
-    const bool down = !(k == collective_kind::broadcast && !is_root);
-    const bool up = !(k == collective_kind::broadcast && is_root) && !(k == collective_kind::reduce && !is_root);
+    // The file comment's table: which copies this rank makes, and whether they
+    // move every rank's row of the slot (rows) or this rank's piece only.
+    const bool down = !((k == collective_kind::broadcast || k == collective_kind::scatter) && !is_root);
+    const bool up = !(k == collective_kind::broadcast && is_root) &&
+                    !((k == collective_kind::reduce || k == collective_kind::gather) && !is_root);
+    const bool rows_down = k == collective_kind::reduce_scatter || k == collective_kind::alltoall ||
+                           k == collective_kind::scatter;
+    const bool rows_up = k == collective_kind::allgather || k == collective_kind::alltoall ||
+                         k == collective_kind::gather;
     const auto* src = static_cast<const unsigned char*>(send);
     auto* dst = static_cast<unsigned char*>(recv);
     const std::size_t pitch = count * es;  // bytes between two ranks' blocks in send / recv
@@ -215,7 +228,7 @@ class staged_engine {
       auto* h = static_cast<unsigned char*>(hs.host);
       unsigned char* mine = h + (rows > 1 ? me * w : 0);  // this rank's piece of the slot
       if (down) {
-        const cudaError_t e = k == collective_kind::reduce_scatter
+        const cudaError_t e = rows_down
                                   ? copy_rows(h, w, src + off, pitch, w, rows, cudaMemcpyDeviceToHost,
                                               copy_stream_.get())
                                   : cudaMemcpyAsync(mine, src + off, w, cudaMemcpyDeviceToHost,
@@ -242,7 +255,7 @@ class staged_engine {
       // Every chunk, copied out or not: later work on `stream` runs after the collective.
       CCLITE_TRY(ok(cudaStreamWaitEvent(stream, ev.reduced, 0), "cudaStreamWaitEvent"));
       if (up) {
-        const cudaError_t e = k == collective_kind::allgather
+        const cudaError_t e = rows_up
                                   ? copy_rows(dst + off, pitch, h, w, w, rows, cudaMemcpyHostToDevice, stream)
                                   : cudaMemcpyAsync(dst + off, mine, w, cudaMemcpyHostToDevice, stream);
         CCLITE_TRY(ok(e, "cudaMemcpyAsync host -> device"));
@@ -353,6 +366,10 @@ class staged_engine {
       case collective_kind::reduce: return c.reduce(h, c.rank() == j.root ? h : nullptr, j.count, j.t, j.op, j.root);
       case collective_kind::allgather: return c.allgather(mine, h, j.count, j.t);
       case collective_kind::reduce_scatter: return c.reduce_scatter(h, mine, j.count, j.t, j.op);
+      case collective_kind::gather: return c.gather(mine, c.rank() == j.root ? h : nullptr, j.count, j.t, j.root);
+      case collective_kind::scatter:
+        return c.scatter(c.rank() == j.root ? h : nullptr, mine, j.count, j.t, j.root);
+      case collective_kind::alltoall: return c.alltoall(h, h, j.count, j.t);  // in place
       default: return make_error(errc::invalid_argument, "%s is not a staged collective", to_string(j.kind));
     }
   }

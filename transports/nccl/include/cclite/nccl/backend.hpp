@@ -235,6 +235,25 @@ class backend {
     });
   }
 
+  /// root's recv (size * count elements) = every rank's send (count), in rank
+  /// order; the other ranks' recv is not used. NCCL has no gather: grouped
+  /// ncclSend / ncclRecv (nccl-tests' gather). In place on the root: send ==
+  /// recv + root * count (the root's own block is then not copied).
+  status gather(const void* send, void* recv, std::size_t count, dtype t, int root, cudaStream_t stream) {
+    CCLITE_TRY(check_root("gather", root));
+    CCLITE_TRY(check_buffers("gather", send, rank_ == root ? recv : send, count));
+    return rooted_group(true, send, recv, count, t, root, stream);
+  }
+
+  /// Every rank's recv (count elements) = block `rank` of root's send (size *
+  /// count); the other ranks' send is not read. Grouped ncclSend / ncclRecv.
+  /// In place on the root: recv == send + root * count.
+  status scatter(const void* send, void* recv, std::size_t count, dtype t, int root, cudaStream_t stream) {
+    CCLITE_TRY(check_root("scatter", root));
+    CCLITE_TRY(check_buffers("scatter", rank_ == root ? send : recv, recv, count));
+    return rooted_group(false, send, recv, count, t, root, stream);
+  }
+
   /// Point to point; the peer must make the matching recv / send.
   status send(const void* buf, std::size_t count, dtype t, int peer, cudaStream_t stream) {
     CCLITE_TRY(check_root("send", peer));
@@ -357,6 +376,39 @@ class backend {
       return make_error(errc::invalid_argument, "%s: rank %d out of range [0, %d)", what, root, size_);
     }
     return status();
+  }
+
+  // gather / scatter as one NCCL group: the root sends or receives a block per
+  // rank (its own block too, unless it is already in place), each other rank
+  // one block. The group always closes, even after an error.
+  status rooted_group(bool gather, const void* send, void* recv, std::size_t count, dtype t, int root,
+                      cudaStream_t stream) {
+    if (count == 0) return status();
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    const std::size_t block = count * size_of(t);
+    const auto* s = static_cast<const char*>(send);
+    auto* r = static_cast<char*>(recv);
+    const std::size_t mine = block * static_cast<std::size_t>(rank_);
+    const bool own_in_place = rank_ == root && (gather ? s == r + mine : r == s + mine);
+    return run(gather ? "ncclGroupEnd (gather)" : "ncclGroupEnd (scatter)", [&] {
+      auto fine = [](ncclResult_t x) { return x == ncclSuccess || x == ncclInProgress; };
+      ncclResult_t e = ncclGroupStart();
+      if (rank_ == root) {
+        for (int p = 0; p < size_ && fine(e); ++p) {
+          if (p == rank_ && own_in_place) continue;
+          const std::size_t at = block * static_cast<std::size_t>(p);
+          e = gather ? ncclRecv(r + at, count, dt.value(), p, comm_, stream)
+                     : ncclSend(s + at, count, dt.value(), p, comm_, stream);
+        }
+      }
+      if (fine(e) && !(rank_ == root && own_in_place)) {
+        e = gather ? ncclSend(send, count, dt.value(), root, comm_, stream)
+                   : ncclRecv(recv, count, dt.value(), root, comm_, stream);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return fine(e) ? end : e;
+    });
   }
 
   status check_buffers(const char* what, const void* send, const void* recv, std::size_t count) {
