@@ -12,6 +12,7 @@
 #include <cclite/cuda/gpu_backend.hpp>
 #include <cclite/cuda/ipc.hpp>
 #include <cclite/cuda/ipc_plan.hpp>
+#include <cclite/cuda/nvml.hpp>
 #include <cclite/cuda/runtime.hpp>
 #include <cclite/cuda/staging.hpp>
 
@@ -144,6 +145,42 @@ TEST_CASE("pinned staging reports no device and checks its arguments") {
              errc::invalid_argument);  // no staging buffers
     return 0;
   }));
+}
+
+TEST_CASE("NVML: loaded at run time, NVLinks counted by their far end, absence a clear status") {
+  using cuda::nvml;
+  // A library that is not there, and one that is not NVML.
+  auto none = nvml::open("/nonexistent/libnvidia-ml.so.1");
+  REQUIRE(!none.ok());
+  CHECK(none.error().code() == errc::unsupported);
+  CHECK(contains(none.error().message(), "/nonexistent/libnvidia-ml.so.1"));
+  CHECK(contains(none.error().message(), "NVIDIA driver"));
+  auto libc = nvml::open("libc.so.6");
+  REQUIRE(!libc.ok());
+  CHECK(contains(libc.error().message(), "lacks nvmlInit_v2"));
+  // PCI ids as the CUDA runtime (4-digit domain) and NVML (8-digit) print them.
+  CHECK(cuda::parse_pci_bus_id("0000:3b:00.0").value() == cuda::pci_address{0, 0x3b, 0});
+  CHECK(cuda::parse_pci_bus_id("00000000:3B:00.0").value() == cuda::pci_address{0, 0x3b, 0});
+  CHECK(cuda::parse_pci_bus_id("3b").error().code() == errc::invalid_argument);
+  CHECK(!cuda::parse_pci_bus_id("0000:3b:00.0x").ok());
+  // The stand-in (tests/gpu/fake_nvml.cpp): 4 links between the GPUs, 2 to a switch.
+  auto fake = nvml::open(CCLITE_TEST_FAKE_NVML);
+  REQUIRE(fake.ok());
+  auto ab = fake.value()->links_between("0000:3b:00.0", "0000:5e:00.0");
+  REQUIRE(ab.ok());
+  CHECK(ab.value().to_peer == 4);
+  CHECK(ab.value().other == 2);
+  auto ba = fake.value()->links_between("0000:5e:00.0", "00000000:3B:00.0");
+  REQUIRE(ba.ok());
+  CHECK(ba.value().to_peer == 4);
+  CHECK(ba.value().other == 0);
+  auto to_switch = fake.value()->links_between("0000:3b:00.0", "0000:c1:00.0");
+  CHECK(to_switch.value().to_peer == 2);
+  auto unknown = fake.value()->links_between("0000:99:00.0", "0000:5e:00.0");
+  REQUIRE(!unknown.ok());
+  CHECK(unknown.error().code() == errc::unsupported);
+  CHECK(contains(unknown.error().message(), "no device at PCI 0000:99:00.0: Not Found (6)"));
+  CHECK(fake.value()->links_between("0000:3b:00.0", "nonsense").error().code() == errc::invalid_argument);
 }
 
 TEST_CASE("CUDA errors become statuses with the runtime text") {

@@ -17,10 +17,12 @@
 //     one of each -> invalid_argument
 //   - CCLITE_GPU_BACKEND=auto with 2 ranks on one GPU picks native
 //   - 256 MiB float sum, stream-ordered, timed (busbw = algbw for 2 ranks)
+//   - for the table: GPU 0's active NVLinks as NVML (loaded at run time) counts them
 // Run by tests/gpu/run.sh (and ctest -L gpu); exit 0 ok, 1 failure, 77 no CUDA device.
 #include <cclite/cclite.hpp>
 #include <cclite/cuda/device_buffers.hpp>
 #include <cclite/cuda/device_communicator.hpp>
+#include <cclite/cuda/nvml.hpp>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -537,6 +539,15 @@ int nccl_rank(const char* dir) {
 
 int main() {
   if (!gpu_test::have_device_or_skip("device_comm_gpu")) return 77;
+  // What NVML (cuda/nvml.hpp, loaded at run time) says about GPU 0's NVLinks:
+  // for the table only (one GPU has no peer; a missing NVML is not a failure).
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, 0) == cudaSuccess) {
+    auto n = cuda::nvml::process();
+    auto l = n ? n.value()->links_between(bus, bus) : result<cuda::nvlink_count>(n.error());
+    if (l) std::printf("RESULT devcomm nvml_info GPU 0 at PCI %s: %d active NVLinks (to NVSwitch or other GPUs)\n", bus, l.value().other);
+    else std::printf("RESULT devcomm nvml_info GPU 0 at PCI %s: %s\n", bus, l.error().message().c_str());
+  }
   const int size = 2;
   int bad = gpu_test::in_processes("devcomm", size, [&](const char* dir, int rank) { return native_rank(dir, rank, size); });
   std::printf("RESULT devcomm native_check_ranks %d %s\n", size, bad ? "FAIL" : "ok");

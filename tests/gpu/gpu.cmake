@@ -4,7 +4,8 @@
 #   cuda_test            ctest; runs everywhere: without a device it checks the
 #                        clean 'no CUDA device' status and that CPU collectives work
 #                        in the same binary; with NCCL also the unique-id bootstrap
-#                        and the NCCL backend's no-device error
+#                        and the NCCL backend's no-device error; NVML's loader and
+#                        NVLink count against cclite_fake_nvml (a stand-in library)
 #   cclite_header_check_gpu   every cuda/nccl .hpp on its own, twice (-fno-exceptions
 #                        -fno-rtti the second time); part of ctest's header_check
 #   reduce_kernels_gpu, ipc_gpu (nvcc), staging_gpu, nccl_gpu, device_comm_gpu,
@@ -24,6 +25,11 @@ endif()
 if(TARGET cclite_cuda_kernels)
   target_compile_definitions(cuda_test PRIVATE CCLITE_TEST_KERNELS_LINKED=1)
 endif()
+# A stand-in libnvidia-ml (no driver here) for cuda/nvml.hpp's loader and link count.
+add_library(cclite_fake_nvml SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_nvml.cpp)
+set_target_properties(cclite_fake_nvml PROPERTIES CXX_VISIBILITY_PRESET default)
+add_dependencies(cuda_test cclite_fake_nvml)
+target_compile_definitions(cuda_test PRIVATE CCLITE_TEST_FAKE_NVML="$<TARGET_FILE:cclite_fake_nvml>")
 add_test(NAME cuda_test COMMAND cuda_test)
 set_tests_properties(cuda_test PROPERTIES TIMEOUT 300 LABELS "gpu")
 

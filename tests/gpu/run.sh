@@ -153,18 +153,18 @@ if [ $built_with = none ]; then
   nvcc -std=c++17 -O3 -arch=sm_"$ARCH" -diag-suppress=1675,2810 $INC -DCCLITE_HAS_CUDA=1 \
        "$ROOT/tests/gpu/reduce_kernels_gpu.cu" -o "$BIN/reduce_kernels_gpu" >>"$LOG" 2>&1 &
   nvcc -std=c++17 -O3 -arch=sm_"$ARCH" -diag-suppress=1675,2810 $INC -DCCLITE_HAS_CUDA=1 \
-       "$ROOT/tests/gpu/ipc_gpu.cu" -o "$BIN/ipc_gpu" >>"$LOG" 2>&1 &
+       "$ROOT/tests/gpu/ipc_gpu.cu" -ldl -o "$BIN/ipc_gpu" >>"$LOG" 2>&1 &
   g++ -std=c++17 -O2 $INC -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_NCCL=1 "$ROOT/tests/gpu/nccl_gpu.cpp" \
-      -L"$CUDA/lib64" -lnccl -lcudart -pthread -Wl,-rpath,"$CUDA/lib64" -o "$BIN/nccl_gpu" >>"$LOG" 2>&1
+      -L"$CUDA/lib64" -lnccl -lcudart -ldl -pthread -Wl,-rpath,"$CUDA/lib64" -o "$BIN/nccl_gpu" >>"$LOG" 2>&1
   # shm only: default_communicator = communicator<shm::transport>.
   g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 \
-      "$ROOT/tests/gpu/staging_gpu.cpp" -L"$CUDA/lib64" -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
+      "$ROOT/tests/gpu/staging_gpu.cpp" -L"$CUDA/lib64" -lcudart -lrt -ldl -pthread -Wl,-rpath,"$CUDA/lib64" \
       -o "$BIN/staging_gpu" >>"$LOG" 2>&1
   g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 -DCCLITE_HAS_NCCL=1 \
-      "$ROOT/tests/gpu/device_comm_gpu.cpp" "$BIN/device_reduce.o" -L"$CUDA/lib64" -lnccl -lcudart -lrt -pthread -Wl,-rpath,"$CUDA/lib64" \
+      "$ROOT/tests/gpu/device_comm_gpu.cpp" "$BIN/device_reduce.o" -L"$CUDA/lib64" -lnccl -lcudart -lrt -ldl -pthread -Wl,-rpath,"$CUDA/lib64" \
       -o "$BIN/device_comm_gpu" >>"$LOG" 2>&1
   g++ -std=c++17 -O2 $INC -I"$ROOT/transports/shm/include" -DCCLITE_HAS_CUDA=1 -DCCLITE_HAS_SHM=1 \
-      "$ROOT/tests/gpu/data_parallel_gpu.cpp" "$BIN/device_reduce.o" -L"$CUDA/lib64" -lcublas -lcudart -lrt -pthread \
+      "$ROOT/tests/gpu/data_parallel_gpu.cpp" "$BIN/device_reduce.o" -L"$CUDA/lib64" -lcublas -lcudart -lrt -ldl -pthread \
       -Wl,-rpath,"$CUDA/lib64" -o "$BIN/data_parallel_gpu" >>"$LOG" 2>&1
   wait
   built_with=direct

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include <cclite/bootstrap/store.hpp>
+#include <cclite/cuda/nvml.hpp>
 #include <cclite/cuda/runtime.hpp>
 
 namespace cclite::cuda {
@@ -154,21 +155,24 @@ inline result<bool> can_access_peer(int device, int peer) {
 /// (P2P performance rank R, native atomics yes|no)" from
 /// cudaDeviceGetP2PAttribute (rank 0 is the fastest link the driver knows; NVLink
 /// is where native atomics are offered across GPUs), "no peer access", or why
-/// it could not be told. NVML, which names NVLink outright, is not used: the
-/// toolkit here ships no nvml.h.
+/// it could not be told; then both PCI bus ids and the NVLinks between them as
+/// NVML counts them (nvml.hpp: loaded at run time when the driver has it).
 inline std::string describe_peer_link(int device, int peer) {
   if (device == peer) return "the same GPU";
   auto yes = can_access_peer(device, peer);
   if (!yes) return yes.error().message();
-  if (!yes.value()) return "no peer access";
+  std::string out = yes.value() ? "peer access" : "no peer access";
   int perf = -1, atomics = 0;
-  if (cudaDeviceGetP2PAttribute(&perf, cudaDevP2PAttrPerformanceRank, device, peer) != cudaSuccess ||
-      cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, peer) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return "peer access";
+  if (yes.value() && cudaDeviceGetP2PAttribute(&perf, cudaDevP2PAttrPerformanceRank, device, peer) == cudaSuccess &&
+      cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, device, peer) == cudaSuccess) {
+    out += " (P2P performance rank " + std::to_string(perf) + ", native atomics " + (atomics ? "yes" : "no") + ")";
   }
-  return "peer access (P2P performance rank " + std::to_string(perf) + ", native atomics " +
-         (atomics ? "yes" : "no") + ")";
+  char a[32] = {}, b[32] = {};
+  if (cudaDeviceGetPCIBusId(a, sizeof a, device) == cudaSuccess && cudaDeviceGetPCIBusId(b, sizeof b, peer) == cudaSuccess) {
+    out += std::string("; PCI ") + a + " -> " + b + "; " + describe_nvlink(a, b);
+  }
+  (void)cudaGetLastError();  // the attribute queries' errors are not the caller's
+  return out;
 }
 
 /// Every rank publishes `handle` under `key/<rank>` and gets all ranks' handles
