@@ -379,6 +379,10 @@ TEST_CASE("device_communicator argument checks need no device") {
             "scatter: null send buffer on the root (rank 1)"));
   CHECK(bad(check_device_call(call(collective_kind::scatter, x, x, 4, f32, sum, 2), 1, 2), "scatter: root 2"));
   CHECK(bad(check_device_call(call(collective_kind::alltoall, x, nullptr, 4, f32, sum, 0), 1, 2), "alltoall: null"));
+  // send / recv: `root` is the peer.
+  CHECK(check_device_call(call(collective_kind::send, x, nullptr, 4, f32, sum, 0), 1, 2).ok());
+  CHECK(bad(check_device_call(call(collective_kind::send, x, nullptr, 4, f32, sum, 2), 1, 2), "send: peer 2"));
+  CHECK(bad(check_device_call(call(collective_kind::recv, nullptr, nullptr, 4, f32, sum, 0), 1, 2), "recv: null"));
   // Nothing to do: null buffers are fine with count 0.
   CHECK(check_device_call(call(collective_kind::allgather, nullptr, nullptr, 0, f32, sum, 0), 1, 2).ok());
   CHECK(check_device_call(call(collective_kind::reduce, nullptr, nullptr, 0, f32, sum, 1), 1, 2).ok());

@@ -17,6 +17,7 @@
 //     one of each -> invalid_argument
 //   - CCLITE_GPU_BACKEND=auto with 2 ranks on one GPU picks native
 //   - 256 MiB float sum, stream-ordered, timed (busbw = algbw for 2 ranks)
+//   - send / recv between two ranks, both ways, stream-ordered and blocking
 //   - for the table: GPU 0's active NVLinks as NVML (loaded at run time) counts them
 // Run by tests/gpu/run.sh (and ctest -L gpu); exit 0 ok, 1 failure, 77 no CUDA device.
 #include <cclite/cclite.hpp>
@@ -206,6 +207,40 @@ int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int r
     }
   }
   return failed;
+}
+
+// send / recv between ranks 0 and 1 (device buffers, several chunks), both
+// ways in turn: rank 0 sends then receives, rank 1 the reverse; stream-ordered
+// (the uploads not waited for) and blocking. Returns the number of failures.
+int check_p2p(device_comm& dc, cudaStream_t s, const char* engine, int rank, std::size_t n) {
+  if (rank > 1) return 0;
+  const dtype t = dtype::float64;
+  const std::size_t bytes = n * 8;
+  dev a(bytes), b(bytes);
+  const int peer = 1 - rank;
+  const auto mine = gt::input(t, n, 20 + rank), theirs = gt::input(t, n, 20 + peer);
+  std::size_t wrong[2] = {};
+  for (int form = 0; form < 2; ++form) {
+    const bool blocking = form == 1;
+    GPU(cudaMemsetAsync(b.at(), 0, bytes, s));
+    GPU(cudaMemcpyAsync(a.at(), mine.data(), bytes, cudaMemcpyHostToDevice, s));
+    if (blocking) GPU(cudaStreamSynchronize(s));
+    auto send = [&] { return blocking ? dc.send(a.at(), n, t, peer) : dc.send(a.at(), n, t, peer, s); };
+    auto recv = [&] { return blocking ? dc.recv(b.at(), n, t, peer) : dc.recv(b.at(), n, t, peer, s); };
+    OR_DIE(rank == 0 ? send() : recv());
+    OR_DIE(rank == 0 ? recv() : send());
+    gt::bytes got(bytes);
+    GPU(cudaMemcpyAsync(got.data(), b.at(), bytes, cudaMemcpyDeviceToHost, s));
+    OR_DIE(dc.synchronize(s));
+    wrong[form] = gt::wrong_elements(got, theirs, t);
+  }
+  const bool bad = wrong[0] || wrong[1];
+  if (rank == 0 || bad) {
+    std::printf("RESULT devcomm %s_send_recv float64 %s", engine, bad ? "FAIL" : "ok");
+    if (bad) std::printf(" (rank %d: %zu wrong stream-ordered, %zu blocking)", rank, wrong[0], wrong[1]);
+    std::printf("\n");
+  }
+  return bad;
 }
 
 // The five collectives enqueued back to back on `s`, no wait in between: the
@@ -471,6 +506,7 @@ int native_rank(const char* dir, int rank, int size) {
     failed += check_all(dc, s, path, rank, size);
     // 400009 elements per rank: several 256 KiB chunks for every dtype and collective.
     failed += check_collectives(dc, s, path, rank, size, 400009);
+    failed += check_p2p(dc, s, path, rank, 100003);  // 782 KiB: several 256 KiB chunks
     failed += check_chained(dc, s, path, rank, size, 300007);
     failed += check_arguments_and_host(dc, path, rank, size);
     failed += check_timing_and_routes(dc, s, path, rank, size);

@@ -17,11 +17,9 @@
 // rank must pass the same kind of memory to a call.
 //
 // Device buffers are taken by allreduce, broadcast, reduce, allgather,
-// reduce_scatter, gather, scatter and alltoall on the device communicator's
-// engine, and by send and recv through host memory: the device data is copied
-// to a host buffer of the object's (grown to the largest call, kept), the CPU
-// send / recv runs on it, the result is copied back - correct, not fast (a
-// GPU-to-GPU path for these is still to come). The v-variants and sendrecv on
+// reduce_scatter, gather, scatter, alltoall, send and recv on the device
+// communicator's engine (send / recv through pinned host memory on the native
+// engine, as device_communicator says). The v-variants and sendrecv on
 // device buffers are unsupported, with a message naming what offers them; a
 // host buffer and a device buffer in one call are invalid_argument. Blocking
 // and _async alike (the _async forms run the call before they return).
@@ -36,7 +34,6 @@
 #include <cstddef>
 #include <memory>
 #include <utility>
-#include <vector>
 
 #include <cclite/collective/device_hook.hpp>
 #include <cclite/collective/op.hpp>
@@ -88,12 +85,12 @@ class device_buffers final : public device_hook {
       case collective_kind::gather: return dc.gather(d.send, d.recv, d.count, d.type, d.root);
       case collective_kind::scatter: return dc.scatter(d.send, d.recv, d.count, d.type, d.root);
       case collective_kind::alltoall: return dc.alltoall(d.send, d.recv, d.count, d.type);
-      case collective_kind::send:
-      case collective_kind::recv: return through_host(d);
+      case collective_kind::send: return dc.send(d.send, d.count, d.type, d.root);
+      case collective_kind::recv: return dc.recv(d.recv, d.count, d.type, d.root);
       default:
         return make_error(errc::unsupported,
                           "rank %d: %s on device buffers is not offered yet (cclite::nccl::backend has "
-                          "alltoall and send/recv on device buffers; or copy to host memory first)",
+                          "sendrecv on device buffers; or use send and recv, or copy to host memory first)",
                           comm_->rank(), to_string(d.kind));
     }
   }
@@ -101,29 +98,8 @@ class device_buffers final : public device_hook {
  private:
   device_buffers(Comm& comm, std::unique_ptr<device_communicator<Comm>> dc) : comm_(&comm), dc_(std::move(dc)) {}
 
-  // send, recv: device -> host_, the CPU call on host_, host_ -> device (see
-  // the file comment). cudaMemcpy from device memory waits for the legacy
-  // default stream only, hence the rule that the data be ready before the call.
-  status through_host(const op_desc& d) {
-    const std::size_t bytes = d.count * size_of(d.type);
-    const bool sending = d.kind == collective_kind::send;
-    const void* dev = sending ? d.send : d.recv;
-    if (bytes && !is_device_pointer(dev)) {
-      return make_error(errc::invalid_argument, "device %s: buffer %p must be device memory", to_string(d.kind), dev);
-    }
-    if (host_.size() < bytes) host_.resize(bytes);
-    if (sending) {
-      if (bytes) CCLITE_TRY(cuda_status(cudaMemcpy(host_.data(), d.send, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy device -> host"));
-      return comm_->send(host_.data(), d.count, d.type, d.root);
-    }
-    CCLITE_TRY(comm_->recv(host_.data(), d.count, d.type, d.root));
-    if (!bytes) return status();
-    return cuda_status(cudaMemcpy(d.recv, host_.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy host -> device");
-  }
-
   Comm* comm_;
   std::unique_ptr<device_communicator<Comm>> dc_;
-  std::vector<unsigned char> host_;  ///< through_host()'s staging, grown to the largest call
 };
 
 }  // namespace cclite::cuda

@@ -13,8 +13,8 @@
 // scatter and alltoall, with the CPU communicator's semantics and arguments
 // (counts in elements, per rank for all but the first three; the same in-place
 // forms, except alltoall's on NCCL; reduce's and gather's recv and scatter's
-// send only on the root). Not here: send / recv / sendrecv and the v-variants
-// (nccl::backend has send / recv / sendrecv). Two engines, chosen once in create() (CCLITE_GPU_BACKEND, or
+// send only on the root), and send / recv (`root` = the peer). Not here:
+// sendrecv and the v-variants (nccl::backend has sendrecv). Two engines, chosen once in create() (CCLITE_GPU_BACKEND, or
 // device_options::backend):
 //   nccl    cclite::nccl::backend (built with cclite::nccl); the unique id goes
 //           out over the CPU communicator. NCCL allows one rank per GPU.
@@ -28,6 +28,8 @@
 //           device -> pinned host chunk -> the CPU collective -> device, chunk
 //           by chunk, with the copies of later chunks overlapping the host
 //           collective of earlier ones. Any number of ranks per GPU either way.
+//           send / recv always stage (point to point has no barrier to order
+//           the IPC slots by), so the staged path's pinned slots exist on both.
 //           path() says which; CCLITE_DEBUG=INFO logs it and why.
 //   auto    (unset) nccl when this build has NCCL and every rank of every node
 //           has a GPU of its own (all ranks agree through one allreduce), else
@@ -281,6 +283,20 @@ class device_communicator {
     return enqueue(collective_kind::alltoall, send, recv, count, t, reduce_op::sum, 0, stream);
   }
 
+  /// Point to point, as the CPU communicator's send / recv: `peer` makes the
+  /// matching recv / send with the same count and dtype; calls to one peer match
+  /// in issue order. Native engine: through pinned host memory (the staged
+  /// path, also when the collectives take CUDA IPC), chunk by chunk, so a
+  /// large send runs only as its receiver takes it, and two ranks that both
+  /// send to each other first wait for each other (until the timeout), as
+  /// with host buffers. NCCL: ncclSend / ncclRecv.
+  status send(const void* buf, std::size_t count, dtype t, int peer, cudaStream_t stream) {
+    return enqueue(collective_kind::send, buf, nullptr, count, t, reduce_op::sum, peer, stream);
+  }
+  status recv(void* buf, std::size_t count, dtype t, int peer, cudaStream_t stream) {
+    return enqueue(collective_kind::recv, nullptr, buf, count, t, reduce_op::sum, peer, stream);
+  }
+
   // ---- blocking: host or device buffers, routed by where they live --------------
 
   status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
@@ -337,19 +353,32 @@ class device_communicator {
                   [&](cudaStream_t s) { return alltoall(send, recv, count, t, s); });
   }
 
+  status send(const void* buf, std::size_t count, dtype t, int peer) {
+    return routed("send", buf, nullptr, [&] { return host_->send(buf, count, t, peer); },
+                  [&](cudaStream_t s) { return send(buf, count, t, peer, s); });
+  }
+
+  status recv(void* buf, std::size_t count, dtype t, int peer) {
+    return routed("recv", nullptr, buf, [&] { return host_->recv(buf, count, t, peer); },
+                  [&](cudaStream_t s) { return recv(buf, count, t, peer, s); });
+  }
+
   /// Waits until everything enqueued on `stream` has run (bounded by the
   /// timeout), then reports the first failure of an enqueued collective.
   status synchronize(cudaStream_t stream) {
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
     if (nccl_) return nccl_->synchronize(stream);
 #endif
-    return ipc_ ? ipc_->synchronize(stream) : staged_->synchronize(stream);
+    if (!ipc_) return staged_->synchronize(stream);
+    CCLITE_TRY(ipc_->synchronize(stream));  // waits for the send / recv on `stream` too
+    return staged_->failure();
   }
 
   /// The first failure of the native engine seen, ok if none (the NCCL engine
   /// reports its failures from every later call and synchronize()).
   status failure() const {
-    return ipc_ ? ipc_->failure() : staged_ ? staged_->failure() : status();
+    status s = ipc_ ? ipc_->failure() : status();
+    return !s.ok() || !staged_ ? s : staged_->failure();
   }
 
  private:
@@ -374,7 +403,9 @@ class device_communicator {
     }
 #endif
     CCLITE_TRY(try_ipc());
-    if (ipc_) return status();
+    // The staged path always: it is the engine without CUDA IPC, and with it
+    // it carries send / recv (point to point has no barrier to order the IPC
+    // slots by). Pinned memory: slots x chunk_bytes (16 MiB by default).
     detail::native_config c;
     c.chunk_bytes = opts_.chunk_bytes;
     c.slots = opts_.slots;
@@ -467,11 +498,14 @@ class device_communicator {
                               rank());
           }
           return nccl_->alltoall(send, recv, count, t, stream);
+        case collective_kind::send: return nccl_->send(send, count, t, root, stream);
+        case collective_kind::recv: return nccl_->recv(recv, count, t, root, stream);
         default: return make_error(errc::invalid_argument, "device %s: not offered", to_string(k));
       }
     }
 #endif
-    if (ipc_) return ipc_->enqueue(k, send, recv, count, t, op, root, stream);
+    const bool p2p = k == collective_kind::send || k == collective_kind::recv;
+    if (ipc_ && !p2p) return ipc_->enqueue(k, send, recv, count, t, op, root, stream);
     return staged_->enqueue(k, send, recv, count, t, op, root, stream);
   }
 

@@ -37,6 +37,12 @@
 //                   in place; this rank's piece -> recv chunk
 //   alltoall        as reduce_scatter's way in; alltoall in place (the CPU
 //                   communicator's in-place form); every piece -> recv (2D copy)
+//   send / recv     sender: send chunk -> slot, then the CPU send; receiver: the
+//                   CPU recv, then slot -> recv chunk. Chunks match in order (both
+//                   sides cut `count` alike), and the CPU send / recv rules hold:
+//                   a chunk larger than the link buffer waits for its receiver,
+//                   so two ranks sending to each other first deadlock (until the
+//                   timeout) exactly as with host buffers
 // Where a rank copies nothing out, its slot is free once the host function has
 // run, so `up` is recorded on the host stream instead.
 //
@@ -177,9 +183,10 @@ class staged_engine {
   int size() const noexcept { return chan_->size(); }
 
   /// Enqueues collective `k` (allreduce, broadcast, reduce, allgather,
-  /// reduce_scatter, gather, scatter or alltoall) on `stream`, chunk by chunk,
-  /// and returns. The arguments must have been checked (device_communicator
-  /// does). `root`: the rooted ones only; `op`: the reducing ones only.
+  /// reduce_scatter, gather, scatter or alltoall) or a send / recv on `stream`,
+  /// chunk by chunk, and returns. The arguments must have been checked
+  /// (device_communicator does). `root`: the rooted ones' root, send's / recv's
+  /// peer; `op`: the reducing ones only; send: `send` only, recv: `recv` only.
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
                  int root, cudaStream_t stream) {
     CCLITE_TRY(failure());
@@ -194,9 +201,12 @@ class staged_engine {
     const bool is_root = rank() == root;
     // The file comment's table: which copies this rank makes, and whether they
     // move every rank's row of the slot (rows) or this rank's piece only.
-    const bool down = !((k == collective_kind::broadcast || k == collective_kind::scatter) && !is_root);
+    // send / recv: `root` is the peer; the sender only copies down, the receiver only up.
+    const bool down = !((k == collective_kind::broadcast || k == collective_kind::scatter) && !is_root) &&
+                      k != collective_kind::recv;
     const bool up = !(k == collective_kind::broadcast && is_root) &&
-                    !((k == collective_kind::reduce || k == collective_kind::gather) && !is_root);
+                    !((k == collective_kind::reduce || k == collective_kind::gather) && !is_root) &&
+                    k != collective_kind::send;
     const bool rows_down = k == collective_kind::reduce_scatter || k == collective_kind::alltoall ||
                            k == collective_kind::scatter;
     const bool rows_up = k == collective_kind::allgather || k == collective_kind::alltoall ||
@@ -370,6 +380,8 @@ class staged_engine {
       case collective_kind::scatter:
         return c.scatter(c.rank() == j.root ? h : nullptr, mine, j.count, j.t, j.root);
       case collective_kind::alltoall: return c.alltoall(h, h, j.count, j.t);  // in place
+      case collective_kind::send: return c.send(h, j.count, j.t, j.root);
+      case collective_kind::recv: return c.recv(h, j.count, j.t, j.root);
       default: return make_error(errc::invalid_argument, "%s is not a staged collective", to_string(j.kind));
     }
   }
