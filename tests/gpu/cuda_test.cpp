@@ -14,6 +14,7 @@
 #include <cclite/cuda/ipc_plan.hpp>
 #include <cclite/cuda/nvml.hpp>
 #include <cclite/cuda/runtime.hpp>
+#include <cclite/cuda/staged_plan.hpp>
 #include <cclite/cuda/staging.hpp>
 
 #include <cclite/cclite.hpp>
@@ -475,47 +476,98 @@ struct plan_sim {
   };
 };
 
+// One rank's buffers for a simulated call: inputs are small integers
+// (gpu_test::input: exact in every dtype and summation order); recv starts as
+// 0x5a. In place (broadcast always is): one buffer, send and recv where the
+// communicator's in-place forms put them (gather / scatter: on the root only).
+// send / recv: ranks 0 and 1 exchange (`root` is ignored: the peer is the other).
+struct sim_buffers {
+  std::vector<unsigned char> send, recv;
+  unsigned char* send_at = nullptr;
+  unsigned char* recv_at = nullptr;
+};
+
+bool sends_rows(collective_kind k) {
+  return k == collective_kind::reduce_scatter || k == collective_kind::scatter || k == collective_kind::alltoall;
+}
+bool gets_rows(collective_kind k) {
+  return k == collective_kind::allgather || k == collective_kind::gather || k == collective_kind::alltoall;
+}
+
+sim_buffers make_sim_buffers(collective_kind kind, dtype t, int size, int root, std::size_t count, int r, bool in_place) {
+  const std::size_t es = size_of(t), un = static_cast<std::size_t>(size);
+  const std::size_t send_elems = sends_rows(kind) ? count * un : count;
+  const std::size_t recv_elems = gets_rows(kind) ? count * un : count;
+  const std::size_t block = static_cast<std::size_t>(r) * count * es;
+  if (kind == collective_kind::broadcast) in_place = true;
+  sim_buffers b;
+  b.recv.assign(std::max(recv_elems, send_elems) * es, 0x5a);
+  b.send = gpu_test::input(t, send_elems, r);
+  b.send_at = b.send.data();
+  b.recv_at = b.recv.data();
+  const bool rooted = kind == collective_kind::gather || kind == collective_kind::scatter;
+  const bool p2p = kind == collective_kind::send || kind == collective_kind::recv;
+  if (in_place && !p2p && (!rooted || r == root)) {
+    const bool block_sent = kind == collective_kind::allgather || kind == collective_kind::gather;
+    const bool block_got = kind == collective_kind::reduce_scatter || kind == collective_kind::scatter;
+    b.send_at = b.recv.data() + (block_sent ? block : 0);
+    b.recv_at = b.recv.data() + (block_got ? block : 0);
+    std::memcpy(b.send_at, b.send.data(), b.send.size());
+  }
+  return b;
+}
+
+// What rank r's recv_at holds after the call (as many bytes as make_sim_buffers
+// gives recv); send / recv: rank 1 receives rank 0's input, rank 0 rank 1's.
+std::vector<unsigned char> sim_expected(collective_kind kind, dtype t, reduce_op op, int size, int root,
+                                        std::size_t count, int r, bool in_place) {
+  const std::size_t es = size_of(t), un = static_cast<std::size_t>(size);
+  const std::size_t send_elems = sends_rows(kind) ? count * un : count;
+  const std::size_t recv_elems = gets_rows(kind) ? count * un : count;
+  auto input = [&](int q, std::size_t n) { return gpu_test::input(t, n, q); };
+  const reduction red = reduction_for(t, op);
+  const std::size_t bb = count * es;  // bytes of one block
+  std::vector<unsigned char> want(recv_elems * es, 0x5a);
+  if (kind == collective_kind::send || kind == collective_kind::recv) {
+    if (r < 2) want = input(1 - r, count);
+  } else if (kind == collective_kind::gather) {
+    // The non-roots' recv is not used: untouched.
+    for (int q = 0; r == root && q < size; ++q) std::memcpy(want.data() + static_cast<std::size_t>(q) * bb, input(q, count).data(), bb);
+  } else if (kind == collective_kind::scatter) {
+    std::memcpy(want.data(), input(root, count * un).data() + static_cast<std::size_t>(r) * bb, bb);
+  } else if (kind == collective_kind::alltoall) {
+    for (int q = 0; q < size; ++q)
+      std::memcpy(want.data() + static_cast<std::size_t>(q) * bb, input(q, count * un).data() + static_cast<std::size_t>(r) * bb, bb);
+  } else if (kind == collective_kind::allgather) {
+    for (int q = 0; q < size; ++q) std::memcpy(want.data() + static_cast<std::size_t>(q) * bb, input(q, count).data(), bb);
+  } else if (kind == collective_kind::broadcast) {
+    want = input(root, count);
+  } else if (kind == collective_kind::reduce && r != root) {
+    if (in_place) want = input(r, count);  // untouched
+  } else {
+    const std::size_t at = kind == collective_kind::reduce_scatter ? static_cast<std::size_t>(r) * count : 0;
+    auto acc = input(0, send_elems);
+    for (int q = 1; q < size; ++q) red.inplace(acc.data(), input(q, send_elems).data(), send_elems);
+    if (red.needs_divide) red.divide(acc.data(), send_elems, size);
+    std::memcpy(want.data(), acc.data() + at * es, count * es);
+  }
+  return want;
+}
+
 // Runs `kind` over `size` ranks with the plan; returns the number of problems
 // (wrong bytes, unwaited reads, write/read overlaps) and fills `why`.
 std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, int root, std::size_t count,
                          std::size_t chunk_bytes, bool in_place, std::string& why) {
   const std::size_t es = size_of(t);
   const std::size_t un = static_cast<std::size_t>(size);
-  // Element counts of send and recv on the rank that uses the most.
-  const bool rows_sent = kind == collective_kind::reduce_scatter || kind == collective_kind::scatter ||
-                         kind == collective_kind::alltoall;
-  const bool rows_got = kind == collective_kind::allgather || kind == collective_kind::gather ||
-                        kind == collective_kind::alltoall;
-  const std::size_t send_elems = rows_sent ? count * un : count;
-  const std::size_t recv_elems = rows_got ? count * un : count;
   auto per = cuda::detail::staged_chunk_elems(kind, t, size, chunk_bytes);
   if (!per) {
     why = per.error().message();
     return 1;
   }
-  // Inputs: small integers, exact in every dtype and summation order.
-  auto input = [&](int r, std::size_t n) { return gpu_test::input(t, n, r); };
-  // In place (broadcast always is): one buffer, send and recv where the
-  // communicator's in-place forms put them.
-  if (kind == collective_kind::broadcast) in_place = true;
-  std::vector<std::vector<unsigned char>> send(un), recv(un), slot(un, std::vector<unsigned char>(chunk_bytes));
-  std::vector<unsigned char*> send_at(un), recv_at(un);
-  for (int r = 0; r < size; ++r) {
-    const std::size_t block = static_cast<std::size_t>(r) * count * es;
-    recv[r].assign(std::max(recv_elems, send_elems) * es, 0x5a);
-    send[r] = input(r, send_elems);
-    send_at[r] = send[r].data();
-    recv_at[r] = recv[r].data();
-    // gather / scatter: in place on the root only (the MPI_IN_PLACE rule).
-    const bool rooted = kind == collective_kind::gather || kind == collective_kind::scatter;
-    if (in_place && (!rooted || r == root)) {
-      const bool block_sent = kind == collective_kind::allgather || kind == collective_kind::gather;
-      const bool block_got = kind == collective_kind::reduce_scatter || kind == collective_kind::scatter;
-      send_at[r] = recv[r].data() + (block_sent ? block : 0);
-      recv_at[r] = recv[r].data() + (block_got ? block : 0);
-      std::memcpy(send_at[r], send[r].data(), send[r].size());
-    }
-  }
+  std::vector<sim_buffers> buf;
+  std::vector<std::vector<unsigned char>> slot(un, std::vector<unsigned char>(chunk_bytes));
+  for (int r = 0; r < size; ++r) buf.push_back(make_sim_buffers(kind, t, size, root, count, r, in_place));
   const reduction red = reduction_for(t, op);
   std::size_t problems = 0;
   auto complain = [&](const std::string& w) {
@@ -533,7 +585,7 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
     std::vector<plan_sim::rank_trace> tr(un);
     for (int r = 0; r < size; ++r) {
       call.rank = r;
-      call.own_block_in_place = cuda::detail::own_block_in_place(kind, send_at[r], recv_at[r], count * es, r, root);
+      call.own_block_in_place = cuda::detail::own_block_in_place(kind, buf[r].send_at, buf[r].recv_at, count * es, r, root);
       plan_sim::visitor v{tr[r], r};
       cuda::detail::ipc_chunk_plan(call, c, v);
     }
@@ -555,13 +607,13 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
           const std::size_t out_bytes = o.kind == plan_sim::op::reduce ? o.bytes_or_elems * es : o.bytes_or_elems;
           if (o.kind == plan_sim::op::copy_in) {
             wr[r].push_back({o.a, o.a + out_bytes});
-            std::memcpy(slot[r].data() + o.a, send_at[r] + o.b, out_bytes);
+            std::memcpy(slot[r].data() + o.a, buf[r].send_at + o.b, out_bytes);
           } else if (o.kind == plan_sim::op::copy_out) {
             reads_slot(r, o.q, o.b, out_bytes);
-            std::memmove(recv_at[r] + o.a, slot[o.q].data() + o.b, out_bytes);
+            std::memmove(buf[r].recv_at + o.a, slot[o.q].data() + o.b, out_bytes);
           } else {
             for (int j = 0; j < size; ++j) reads_slot(r, (o.q + j) % size, o.b, out_bytes);
-            unsigned char* out = (o.to_slot ? slot[r].data() : recv_at[r]) + o.a;
+            unsigned char* out = (o.to_slot ? slot[r].data() : buf[r].recv_at) + o.a;
             if (o.to_slot) wr[r].push_back({o.a, o.a + out_bytes});
             std::vector<unsigned char> acc(slot[o.q].begin() + static_cast<std::ptrdiff_t>(o.b),
                                            slot[o.q].begin() + static_cast<std::ptrdiff_t>(o.b + out_bytes));
@@ -584,40 +636,101 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
           }
     }
   }
-  // Expected results.
   for (int r = 0; r < size; ++r) {
-    std::vector<unsigned char> want(recv_elems * es, 0x5a);
-    const std::size_t bb = count * es;  // bytes of one block
-    if (kind == collective_kind::gather) {
-      // The non-roots' recv is not used: untouched.
-      for (int q = 0; r == root && q < size; ++q)
-        std::memcpy(want.data() + static_cast<std::size_t>(q) * bb, input(q, count).data(), bb);
-    } else if (kind == collective_kind::scatter) {
-      std::memcpy(want.data(), input(root, count * un).data() + static_cast<std::size_t>(r) * bb, bb);
-    } else if (kind == collective_kind::alltoall) {
-      for (int q = 0; q < size; ++q)
-        std::memcpy(want.data() + static_cast<std::size_t>(q) * bb, input(q, count * un).data() + static_cast<std::size_t>(r) * bb, bb);
-    } else if (kind == collective_kind::allgather) {
-      for (int q = 0; q < size; ++q) {
-        auto x = input(q, count);
-        std::memcpy(want.data() + static_cast<std::size_t>(q) * count * es, x.data(), x.size());
-      }
-    } else if (kind == collective_kind::broadcast) {
-      want = input(root, count);
-    } else if (kind == collective_kind::reduce && r != root) {
-      if (in_place) want = input(r, count);  // untouched
-    } else {
-      const std::size_t at = kind == collective_kind::reduce_scatter ? static_cast<std::size_t>(r) * count : 0;
-      auto acc = input(0, send_elems);
-      for (int q = 1; q < size; ++q) red.inplace(acc.data(), input(q, send_elems).data(), send_elems);
-      if (red.needs_divide) red.divide(acc.data(), send_elems, size);
-      std::memcpy(want.data(), acc.data() + at * es, count * es);
-    }
-    if (std::memcmp(recv_at[r], want.data(), want.size()) != 0) complain("rank " + std::to_string(r) + ": wrong result");
+    const auto want = sim_expected(kind, t, op, size, root, count, r, in_place);
+    if (std::memcmp(buf[r].recv_at, want.data(), want.size()) != 0) complain("rank " + std::to_string(r) + ": wrong result");
   }
   return problems;
 }
 }  // namespace
+
+namespace {
+// The staged path's plan (cuda/staged_plan.hpp) with memcpy for the device
+// copies and this rank's real CPU communicator for the host call.
+template <class Comm>
+struct staged_sim {
+  Comm& comm;
+  const cuda::detail::staged_call& call;
+  dtype t;
+  reduce_op op;
+  const unsigned char* src;
+  unsigned char* dst;
+  std::vector<unsigned char>& slot;
+  status st;
+  void down(std::size_t slot_off, std::size_t src_off, std::size_t src_pitch, std::size_t width, std::size_t rows) {
+    for (std::size_t r = 0; r < rows; ++r) std::memcpy(slot.data() + slot_off + r * width, src + src_off + r * src_pitch, width);
+  }
+  void host(std::size_t n, std::size_t) {
+    if (st.ok()) st = cuda::detail::staged_host_call(comm, call.kind, slot.data(), n, t, op, call.root);
+  }
+  void up(std::size_t dst_off, std::size_t dst_pitch, std::size_t slot_off, std::size_t width, std::size_t rows) {
+    for (std::size_t r = 0; r < rows; ++r) std::memcpy(dst + dst_off + r * dst_pitch, slot.data() + slot_off + r * width, width);
+  }
+};
+
+// One call through the staged plan on `comm`; ok or the CPU call's error.
+template <class Comm>
+status run_staged(Comm& comm, collective_kind kind, dtype t, reduce_op op, int root, std::size_t count,
+                  std::size_t chunk_bytes, const unsigned char* send, unsigned char* recv) {
+  auto per = cuda::detail::staged_chunk_elems(kind, t, comm.size(), chunk_bytes);
+  if (!per) return per.error();
+  cuda::detail::staged_call call;
+  call.kind = kind;
+  call.rank = comm.rank();
+  call.size = comm.size();
+  call.root = root;
+  call.count = count;
+  call.elem = size_of(t);
+  call.per_chunk = per.value();
+  std::vector<unsigned char> slot(chunk_bytes, 0xee);
+  staged_sim<Comm> v{comm, call, t, op, send, recv, slot, {}};
+  for (std::size_t c = 0; c < call.chunks() && v.st.ok(); ++c) cuda::detail::staged_chunk_plan(call, c, v);
+  return v.st;
+}
+}  // namespace
+
+TEST_CASE("staged path: its plan, with a real CPU communicator, gives every collective's result") {
+  const collective_kind kinds[] = {collective_kind::allreduce, collective_kind::broadcast, collective_kind::reduce,
+                                   collective_kind::allgather, collective_kind::reduce_scatter, collective_kind::gather,
+                                   collective_kind::scatter, collective_kind::alltoall, collective_kind::send};
+  for (int size : {2, 3}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(size, [&](int rank, int n) {
+      auto kv = test::open_dir_store(dir.path);
+      auto comm = test::make_comm(*kv, rank, n);
+      int cases = 0;
+      for (collective_kind k : kinds)
+        for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{100}, std::size_t{1237}})
+          for (dtype t : {dtype::float32, dtype::int8})
+            for (bool in_place : {false, true}) {
+              const reduce_op op = t == dtype::int8 ? reduce_op::max : reduce_op::avg;
+              const int root = static_cast<int>(count % static_cast<std::size_t>(n));
+              sim_buffers b = make_sim_buffers(k, t, n, root, count, rank, in_place);
+              // 256-byte slots: several chunks, ragged last ones.
+              if (k == collective_kind::send) {
+                // Ranks 0 and 1 exchange: 0 sends then receives, 1 the reverse.
+                if (rank > 1) continue;
+                const collective_kind first = rank == 0 ? collective_kind::send : collective_kind::recv;
+                const collective_kind second = rank == 0 ? collective_kind::recv : collective_kind::send;
+                MP_REQUIRE_OK(run_staged(*comm, first, t, op, 1 - rank, count, 256, b.send_at, b.recv_at));
+                MP_REQUIRE_OK(run_staged(*comm, second, t, op, 1 - rank, count, 256, b.send_at, b.recv_at));
+              } else {
+                MP_REQUIRE_OK(run_staged(*comm, k, t, op, root, count, 256, b.send_at, b.recv_at));
+              }
+              const auto want = sim_expected(k, t, op, n, root, count, rank, in_place);
+              if (std::memcmp(b.recv_at, want.data(), want.size()) != 0) {
+                std::fprintf(stderr, "rank %d: staged %s, %d ranks, %zu x %s%s: wrong result\n", rank, to_string(k), n,
+                             count, to_string(t), in_place ? " in place" : "");
+                MP_CHECK(false);
+              }
+              ++cases;
+            }
+      MP_CHECK(cases == (rank > 1 ? 128 : 144));
+      return 0;
+    }, std::chrono::seconds(120), [size](int rank) { test::set_net_env(test::net::shm_only, rank, size); });
+    CHECK_MESSAGE(r.all_ok(), r.describe());
+  }
+}
 
 TEST_CASE("CUDA IPC path: its plan, run on host memory, gives every collective's result and waits before it reads") {
   const collective_kind kinds[] = {collective_kind::allreduce, collective_kind::broadcast, collective_kind::reduce,

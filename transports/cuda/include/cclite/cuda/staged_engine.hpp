@@ -21,41 +21,11 @@
 // it sees the result and may overwrite the send buffer. Later chunks' device ->
 // host copies overlap the host collective of earlier ones (`slots` in flight).
 //
-// What each rank copies (send / recv: the caller's device buffers; `count`
-// elements, per rank for allgather and reduce_scatter):
-//   allreduce       send chunk -> slot; allreduce in place; slot -> recv chunk
-//   broadcast       root: buf chunk -> slot; the others: nothing. broadcast in
-//                   place; the others: slot -> buf chunk, the root: nothing
-//   reduce          send chunk -> slot; reduce (in place on the root); root only:
-//                   slot -> recv chunk
-//   allgather       this rank's send chunk -> its piece of the slot; allgather in
-//                   place; every piece -> its rank's block of recv (one 2D copy)
-//   reduce_scatter  the chunk of every rank's block of send -> the slot (one 2D
-//                   copy); reduce_scatter in place; this rank's piece -> recv chunk
-//   gather          as allgather, but only the root copies the slot out
-//   scatter         root: as reduce_scatter's way in; the others: nothing. scatter
-//                   in place; this rank's piece -> recv chunk
-//   alltoall        as reduce_scatter's way in; alltoall in place (the CPU
-//                   communicator's in-place form); every piece -> recv (2D copy)
-//   send / recv     sender: send chunk -> slot, then the CPU send; receiver: the
-//                   CPU recv, then slot -> recv chunk. Chunks match in order (both
-//                   sides cut `count` alike), and the CPU send / recv rules hold:
-//                   a chunk larger than the link buffer waits for its receiver,
-//                   so two ranks sending to each other first deadlock (until the
-//                   timeout) exactly as with host buffers
-// Where a rank copies nothing out, its slot is free once the host function has
-// run, so `up` is recorded on the host stream instead.
-//
-// Chunking: the chunks are separate CPU collectives matched in order across
-// ranks, so every rank must cut a call the same way. allreduce, broadcast and
-// reduce cut `count` into chunk_bytes / element-size pieces. allgather,
-// reduce_scatter, gather, scatter and alltoall cut the per-rank count instead, chunk_bytes / (element size x
-// ranks) elements of each rank's piece per chunk: a chunk then holds piece c of
-// every rank side by side, so each chunk is one ordinary CPU allgather /
-// reduce_scatter of n elements per rank on every rank (cutting the whole
-// size x count buffer would give chunks that start in the middle of one rank's
-// block on one rank and not on another, i.e. different calls). The result
-// depends only on (count, dtype, ranks, chunk_bytes), which every rank shares.
+// What each rank copies per chunk, which CPU call runs on the slot, and how a
+// call is cut into chunks: staged_plan.hpp (type-free; tests/gpu/cuda_test.cpp
+// runs it with memcpy on a real CPU communicator). Where a rank copies nothing
+// out, its slot is free once the host function has run, so `up` is recorded on
+// the host stream instead.
 //
 // A host function blocks in the CPU collective until the peers reach the same
 // chunk; the CUDA runtime may run a process's host functions one at a time on
@@ -85,32 +55,10 @@
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/cuda/runtime.hpp>
+#include <cclite/cuda/staged_plan.hpp>
 #include <cclite/cuda/staging.hpp>
 
 namespace cclite::cuda::detail {
-
-/// allgather, reduce_scatter, gather, scatter, alltoall: buffers of one piece
-/// per rank, chunked per piece.
-inline bool per_rank_pieces(collective_kind k) noexcept {
-  return k == collective_kind::allgather || k == collective_kind::reduce_scatter ||
-         k == collective_kind::gather || k == collective_kind::scatter || k == collective_kind::alltoall;
-}
-
-/// Elements of each rank's piece in one staged chunk (of the whole buffer for
-/// allreduce, broadcast, reduce); see the file comment. invalid_argument when
-/// a `chunk_bytes` slot cannot hold one element of every rank.
-inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int size, std::size_t chunk_bytes) {
-  const std::size_t rows = per_rank_pieces(k) ? static_cast<std::size_t>(std::max(1, size)) : 1;
-  const std::size_t row_bytes = size_of(t) * rows;
-  const std::size_t per = chunk_bytes / row_bytes;
-  if (per == 0) {
-    return make_error(errc::invalid_argument,
-                      "device %s: a staging chunk of %zu bytes cannot hold one %s element of each of %d "
-                      "ranks; set device_options::chunk_bytes to at least %zu",
-                      to_string(k), chunk_bytes, to_string(t), size, row_bytes);
-  }
-  return per;
-}
 
 /// Polls `stream` until its work has run, sleeping a little between polls after
 /// the first ~200. Ends early with `failed()` when that is not ok (a failed
@@ -193,89 +141,100 @@ class staged_engine {
     auto per = staged_chunk_elems(k, t, size(), staging_.chunk_bytes());
     if (!per) return per.error();
     if (count == 0) return status();
-    const std::size_t es = size_of(t);
-    const std::size_t per_chunk = per.value();
-    const std::size_t chunks = (count + per_chunk - 1) / per_chunk;
-    const std::size_t rows = per_rank_pieces(k) ? static_cast<std::size_t>(size()) : 1;
-    const std::size_t me = static_cast<std::size_t>(rank());
-    const bool is_root = rank() == root;
-    // The file comment's table: which copies this rank makes, and whether they
-    // move every rank's row of the slot (rows) or this rank's piece only.
-    // send / recv: `root` is the peer; the sender only copies down, the receiver only up.
-    const bool down = !((k == collective_kind::broadcast || k == collective_kind::scatter) && !is_root) &&
-                      k != collective_kind::recv;
-    const bool up = !(k == collective_kind::broadcast && is_root) &&
-                    !((k == collective_kind::reduce || k == collective_kind::gather) && !is_root) &&
-                    k != collective_kind::send;
-    const bool rows_down = k == collective_kind::reduce_scatter || k == collective_kind::alltoall ||
-                           k == collective_kind::scatter;
-    const bool rows_up = k == collective_kind::allgather || k == collective_kind::alltoall ||
-                         k == collective_kind::gather;
-    const auto* src = static_cast<const unsigned char*>(send);
-    auto* dst = static_cast<unsigned char*>(recv);
-    const std::size_t pitch = count * es;  // bytes between two ranks' blocks in send / recv
+    staged_call call;
+    call.kind = k;
+    call.rank = rank();
+    call.size = size();
+    call.root = root;
+    call.count = count;
+    call.elem = size_of(t);
+    call.per_chunk = per.value();
     const char* name = to_string(k);
-    auto ok = [&](cudaError_t e, const char* what) -> status {
-      if (e == cudaSuccess) return status();
-      return fail(cuda_status(e, (std::string("device ") + name + ": " + what).c_str()));
-    };
-    CCLITE_TRY(ok(cudaEventRecord(start_, stream), "cudaEventRecord"));
-    CCLITE_TRY(ok(cudaStreamWaitEvent(copy_stream_.get(), start_, 0), "cudaStreamWaitEvent"));
-    for (std::size_t c = 0; c < chunks; ++c) {
-      const std::size_t off = c * per_chunk * es;  // byte offset of the chunk in each rank's block
-      const std::size_t n = std::min(per_chunk, count - c * per_chunk);
-      const std::size_t w = n * es;
+    // Runs the plan's steps (staged_plan.hpp) for one slot; the first error is kept.
+    struct runner {
+      staged_engine& e;
+      cudaStream_t stream;
+      const char* name;
+      const unsigned char* src;
+      unsigned char* dst;
+      const staged_call& call;
+      dtype t;
+      reduce_op op;
+      std::size_t si = 0;     // the slot
+      job* jb = nullptr;      // the chunk's job record
+      bool copied_up = false;
+      status st;
+      bool check(cudaError_t err, const char* what) {
+        if (err == cudaSuccess) return true;
+        st = e.fail(cuda_status(err, (std::string("device ") + name + ": " + what).c_str()));
+        return false;
+      }
+      unsigned char* slot() const { return static_cast<unsigned char*>(e.staging_.at(si).host); }
+      void down(std::size_t slot_off, std::size_t src_off, std::size_t src_pitch, std::size_t width, std::size_t rows) {
+        if (st.ok()) {
+          check(e.copy_rows(slot() + slot_off, width, src + src_off, src_pitch, width, rows, cudaMemcpyDeviceToHost,
+                            e.copy_stream_.get()),
+                "cudaMemcpyAsync device -> host");
+        }
+      }
+      void host(std::size_t n, std::size_t) {
+        auto& hs = e.staging_.at(si);
+        if (!st.ok() || !check(cudaEventRecord(hs.down, e.copy_stream_.get()), "cudaEventRecord") ||
+            !check(cudaStreamWaitEvent(e.host_stream_.get(), hs.down, 0), "cudaStreamWaitEvent")) {
+          return;
+        }
+        job& jb = *this->jb;
+        jb.self = &e;
+        jb.host = slot();
+        jb.count = n;
+        jb.kind = call.kind;
+        jb.t = t;
+        jb.op = op;
+        jb.root = call.root;
+        jb.busy.store(true, std::memory_order_release);
+        const cudaError_t le = cudaLaunchHostFunc(e.host_stream_.get(), &run_job, &jb);
+        if (le != cudaSuccess) {
+          jb.busy.store(false, std::memory_order_release);
+          check(le, "cudaLaunchHostFunc");
+          return;
+        }
+        // Every chunk, copied out or not: later work on `stream` runs after the collective.
+        if (check(cudaEventRecord(e.slots_[si].reduced, e.host_stream_.get()), "cudaEventRecord")) {
+          check(cudaStreamWaitEvent(stream, e.slots_[si].reduced, 0), "cudaStreamWaitEvent");
+        }
+      }
+      void up(std::size_t dst_off, std::size_t dst_pitch, std::size_t slot_off, std::size_t width, std::size_t rows) {
+        if (!st.ok()) return;
+        if (check(e.copy_rows(dst + dst_off, dst_pitch, slot() + slot_off, width, width, rows, cudaMemcpyHostToDevice,
+                              stream),
+                  "cudaMemcpyAsync host -> device")) {
+          copied_up = check(cudaEventRecord(e.staging_.at(si).up, stream), "cudaEventRecord");
+        }
+      }
+    } run{*this, stream, name, static_cast<const unsigned char*>(send), static_cast<unsigned char*>(recv), call, t, op,
+          0, nullptr, false, {}};
+
+    if (!run.check(cudaEventRecord(start_, stream), "cudaEventRecord") ||
+        !run.check(cudaStreamWaitEvent(copy_stream_.get(), start_, 0), "cudaStreamWaitEvent")) {
+      return run.st;
+    }
+    for (std::size_t c = 0; c < call.chunks() && run.st.ok(); ++c) {
       // The job record first: its (bounded) wait comes before anything of this chunk is enqueued.
       auto j = take_job();
       if (!j) return j.error();
-      const std::size_t si = next_slot_++ % slots_.size();
-      auto& hs = staging_.at(si);
-      auto& ev = slots_[si];
+      run.jb = j.value();
+      run.si = next_slot_++ % slots_.size();
+      run.copied_up = false;
+      auto& hs = staging_.at(run.si);
       // The slot's previous user (an H2D on some caller's stream, or a host
       // function) must be done with it before it is refilled.
-      if (ev.used) CCLITE_TRY(ok(cudaStreamWaitEvent(copy_stream_.get(), hs.up, 0), "cudaStreamWaitEvent"));
-      ev.used = true;
-      auto* h = static_cast<unsigned char*>(hs.host);
-      unsigned char* mine = h + (rows > 1 ? me * w : 0);  // this rank's piece of the slot
-      if (down) {
-        const cudaError_t e = rows_down
-                                  ? copy_rows(h, w, src + off, pitch, w, rows, cudaMemcpyDeviceToHost,
-                                              copy_stream_.get())
-                                  : cudaMemcpyAsync(mine, src + off, w, cudaMemcpyDeviceToHost,
-                                                    copy_stream_.get());
-        CCLITE_TRY(ok(e, "cudaMemcpyAsync device -> host"));
-      }
-      CCLITE_TRY(ok(cudaEventRecord(hs.down, copy_stream_.get()), "cudaEventRecord"));
-      CCLITE_TRY(ok(cudaStreamWaitEvent(host_stream_.get(), hs.down, 0), "cudaStreamWaitEvent"));
-      job& jb = *j.value();
-      jb.self = this;
-      jb.host = h;
-      jb.count = n;
-      jb.kind = k;
-      jb.t = t;
-      jb.op = op;
-      jb.root = root;
-      jb.busy.store(true, std::memory_order_release);
-      const cudaError_t le = cudaLaunchHostFunc(host_stream_.get(), &run_job, &jb);
-      if (le != cudaSuccess) {
-        jb.busy.store(false, std::memory_order_release);
-        return ok(le, "cudaLaunchHostFunc");
-      }
-      CCLITE_TRY(ok(cudaEventRecord(ev.reduced, host_stream_.get()), "cudaEventRecord"));
-      // Every chunk, copied out or not: later work on `stream` runs after the collective.
-      CCLITE_TRY(ok(cudaStreamWaitEvent(stream, ev.reduced, 0), "cudaStreamWaitEvent"));
-      if (up) {
-        const cudaError_t e = rows_up
-                                  ? copy_rows(dst + off, pitch, h, w, w, rows, cudaMemcpyHostToDevice, stream)
-                                  : cudaMemcpyAsync(dst + off, mine, w, cudaMemcpyHostToDevice, stream);
-        CCLITE_TRY(ok(e, "cudaMemcpyAsync host -> device"));
-        CCLITE_TRY(ok(cudaEventRecord(hs.up, stream), "cudaEventRecord"));
-      } else {
-        // Nothing reads the slot after the host function: free once it ran.
-        CCLITE_TRY(ok(cudaEventRecord(hs.up, host_stream_.get()), "cudaEventRecord"));
-      }
+      if (slots_[run.si].used && !run.check(cudaStreamWaitEvent(copy_stream_.get(), hs.up, 0), "cudaStreamWaitEvent")) break;
+      slots_[run.si].used = true;
+      staged_chunk_plan(call, c, run);
+      // Nothing read the slot after the host function: free once it ran.
+      if (run.st.ok() && !run.copied_up) run.check(cudaEventRecord(hs.up, host_stream_.get()), "cudaEventRecord");
     }
-    return status();
+    return run.st;
   }
 
   /// Waits until everything enqueued on `stream` has run (bounded by the
@@ -365,33 +324,12 @@ class staged_engine {
     return cudaSuccess;
   }
 
-  // The CPU collective of one chunk, in place on the slot.
-  status host_collective(const job& j) {
-    Comm& c = *chan_;
-    unsigned char* h = j.host;
-    unsigned char* mine = h + static_cast<std::size_t>(c.rank()) * j.count * size_of(j.t);
-    switch (j.kind) {
-      case collective_kind::allreduce: return c.allreduce(h, h, j.count, j.t, j.op);
-      case collective_kind::broadcast: return c.broadcast(h, j.count, j.t, j.root);
-      case collective_kind::reduce: return c.reduce(h, c.rank() == j.root ? h : nullptr, j.count, j.t, j.op, j.root);
-      case collective_kind::allgather: return c.allgather(mine, h, j.count, j.t);
-      case collective_kind::reduce_scatter: return c.reduce_scatter(h, mine, j.count, j.t, j.op);
-      case collective_kind::gather: return c.gather(mine, c.rank() == j.root ? h : nullptr, j.count, j.t, j.root);
-      case collective_kind::scatter:
-        return c.scatter(c.rank() == j.root ? h : nullptr, mine, j.count, j.t, j.root);
-      case collective_kind::alltoall: return c.alltoall(h, h, j.count, j.t);  // in place
-      case collective_kind::send: return c.send(h, j.count, j.t, j.root);
-      case collective_kind::recv: return c.recv(h, j.count, j.t, j.root);
-      default: return make_error(errc::invalid_argument, "%s is not a staged collective", to_string(j.kind));
-    }
-  }
-
   // CUDA host function: no CUDA calls here (the runtime forbids them).
   static void CUDART_CB run_job(void* p) {
     job* j = static_cast<job*>(p);
     staged_engine* self = j->self;
     if (self->failure().ok()) {
-      status s = self->host_collective(*j);
+      status s = staged_host_call(*self->chan_, j->kind, j->host, j->count, j->t, j->op, j->root);
       if (!s.ok()) {
         (void)self->fail(status(s.code(), "device_communicator rank " + std::to_string(self->rank()) + ": host " +
                                               to_string(j->kind) + " of a staged chunk: " + s.message()));

@@ -1,0 +1,157 @@
+// cclite/cuda/staged_plan.hpp - what the staged path does for one chunk, free of CUDA.
+//
+// Internal (cclite::cuda::detail). staged_engine.hpp runs these steps with
+// device <-> pinned copies and a CUDA host function; tests/gpu/cuda_test.cpp
+// runs the same steps with memcpy and a real CPU communicator on 2-3
+// processes for every collective, in place or not, and checks the results
+// (DESIGN.md: schedules are type-free code).
+//
+// The steps of chunk c, as calls on a visitor, in order (each at most once):
+//   down(slot_off, src_off, src_pitch, width, rows)
+//                       `rows` rows of `width` bytes: the caller's send at
+//                       src_off + r * src_pitch -> the slot at slot_off + r * width
+//   host(count, mine_off)
+//                       the CPU call on the slot (staged_host_call): `count`
+//                       elements per rank, this rank's piece at mine_off
+//   up(dst_off, dst_pitch, slot_off, width, rows)
+//                       the slot at slot_off + r * width -> the caller's recv at
+//                       dst_off + r * dst_pitch
+// Offsets are bytes.
+//
+// What each rank copies (send / recv: the caller's device buffers; `count`
+// elements, per rank for the per-rank collectives):
+//   allreduce       send chunk -> slot; allreduce in place; slot -> recv chunk
+//   broadcast       root: buf chunk -> slot; the others: nothing. broadcast in
+//                   place; the others: slot -> buf chunk, the root: nothing
+//   reduce          send chunk -> slot; reduce (in place on the root); root only:
+//                   slot -> recv chunk
+//   allgather       this rank's send chunk -> its piece of the slot; allgather in
+//                   place; every piece -> its rank's block of recv (one 2D copy)
+//   reduce_scatter  the chunk of every rank's block of send -> the slot (one 2D
+//                   copy); reduce_scatter in place; this rank's piece -> recv chunk
+//   gather          as allgather, but only the root copies the slot out
+//   scatter         root: as reduce_scatter's way in; the others: nothing. scatter
+//                   in place; this rank's piece -> recv chunk
+//   alltoall        as reduce_scatter's way in; alltoall in place (the CPU
+//                   communicator's in-place form); every piece -> recv (2D copy)
+//   send / recv     sender: send chunk -> slot, then the CPU send; receiver: the
+//                   CPU recv, then slot -> recv chunk. Chunks match in order (both
+//                   sides cut `count` alike), and the CPU send / recv rules hold:
+//                   a chunk larger than the link buffer waits for its receiver,
+//                   so two ranks sending to each other first deadlock (until the
+//                   timeout) exactly as with host buffers
+//
+// Chunking: the chunks are separate CPU collectives matched in order across
+// ranks, so every rank must cut a call the same way. allreduce, broadcast and
+// reduce (and send / recv) cut `count` into chunk_bytes / element-size pieces.
+// allgather, reduce_scatter, gather, scatter and alltoall cut the per-rank
+// count instead, chunk_bytes / (element size x ranks) elements of each rank's
+// piece per chunk: a chunk then holds piece c of every rank side by side, so
+// each chunk is one ordinary CPU call of n elements per rank on every rank
+// (cutting the whole size x count buffer would give chunks that start in the
+// middle of one rank's block on one rank and not on another, i.e. different
+// calls). The result
+// depends only on (count, dtype, ranks, chunk_bytes), which every rank shares.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include <cclite/collective/op.hpp>
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/status.hpp>
+
+namespace cclite::cuda::detail {
+
+/// allgather, reduce_scatter, gather, scatter, alltoall: buffers of one piece
+/// per rank, chunked per piece.
+inline bool per_rank_pieces(collective_kind k) noexcept {
+  return k == collective_kind::allgather || k == collective_kind::reduce_scatter ||
+         k == collective_kind::gather || k == collective_kind::scatter || k == collective_kind::alltoall;
+}
+
+/// Elements of each rank's piece in one staged chunk (of the whole buffer for
+/// allreduce, broadcast, reduce, send, recv). invalid_argument when a
+/// `chunk_bytes` slot cannot hold one element of every rank.
+inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int size, std::size_t chunk_bytes) {
+  const std::size_t rows = per_rank_pieces(k) ? static_cast<std::size_t>(std::max(1, size)) : 1;
+  const std::size_t row_bytes = size_of(t) * rows;
+  const std::size_t per = chunk_bytes / row_bytes;
+  if (per == 0) {
+    return make_error(errc::invalid_argument,
+                      "device %s: a staging chunk of %zu bytes cannot hold one %s element of each of %d "
+                      "ranks; set device_options::chunk_bytes to at least %zu",
+                      to_string(k), chunk_bytes, to_string(t), size, row_bytes);
+  }
+  return per;
+}
+
+/// One call as the plan sees it (arguments already checked). `root`: the
+/// rooted ones' root, send's / recv's peer.
+struct staged_call {
+  collective_kind kind = collective_kind::allreduce;
+  int rank = 0;
+  int size = 1;
+  int root = 0;
+  std::size_t count = 0;      ///< elements (per rank for the per-rank collectives)
+  std::size_t elem = 1;       ///< bytes per element
+  std::size_t per_chunk = 1;  ///< staged_chunk_elems
+
+  std::size_t chunks() const noexcept { return per_chunk ? (count + per_chunk - 1) / per_chunk : 0; }
+};
+
+/// Calls `v` for the steps of chunk `c` of `call` (see the file comment).
+template <class Visitor>
+void staged_chunk_plan(const staged_call& call, std::size_t c, Visitor& v) {
+  const collective_kind k = call.kind;
+  const bool is_root = call.rank == call.root;
+  const std::size_t off = c * call.per_chunk * call.elem;  // the chunk's byte offset in each rank's block
+  const std::size_t n = std::min(call.per_chunk, call.count - c * call.per_chunk);
+  const std::size_t w = n * call.elem;
+  const std::size_t pitch = call.count * call.elem;  // bytes between two ranks' blocks in send / recv
+  const std::size_t rows = per_rank_pieces(k) ? static_cast<std::size_t>(call.size) : 1;
+  const std::size_t mine = rows > 1 ? static_cast<std::size_t>(call.rank) * w : 0;  // this rank's piece
+  // Which copies this rank makes, and whether they move every rank's row or its own piece.
+  const bool down = !((k == collective_kind::broadcast || k == collective_kind::scatter) && !is_root) &&
+                    k != collective_kind::recv;
+  const bool up = !(k == collective_kind::broadcast && is_root) &&
+                  !((k == collective_kind::reduce || k == collective_kind::gather) && !is_root) &&
+                  k != collective_kind::send;
+  const bool rows_down = k == collective_kind::reduce_scatter || k == collective_kind::alltoall ||
+                         k == collective_kind::scatter;
+  const bool rows_up = k == collective_kind::allgather || k == collective_kind::alltoall ||
+                       k == collective_kind::gather;
+  if (down) {
+    if (rows_down) v.down(0, off, pitch, w, rows);
+    else v.down(mine, off, pitch, w, 1);
+  }
+  v.host(n, mine);
+  if (up) {
+    if (rows_up) v.up(off, pitch, 0, w, rows);
+    else v.up(off, pitch, mine, w, 1);
+  }
+}
+
+/// The CPU call of one chunk, in place on the slot `h` (`count` elements per
+/// rank; this rank's piece at its row for the per-rank collectives).
+template <class Comm>
+status staged_host_call(Comm& c, collective_kind k, unsigned char* h, std::size_t count, dtype t, reduce_op op,
+                        int root) {
+  unsigned char* mine = h + (per_rank_pieces(k) ? static_cast<std::size_t>(c.rank()) * count * size_of(t) : 0);
+  const bool is_root = c.rank() == root;
+  switch (k) {
+    case collective_kind::allreduce: return c.allreduce(h, h, count, t, op);
+    case collective_kind::broadcast: return c.broadcast(h, count, t, root);
+    case collective_kind::reduce: return c.reduce(h, is_root ? h : nullptr, count, t, op, root);
+    case collective_kind::allgather: return c.allgather(mine, h, count, t);
+    case collective_kind::reduce_scatter: return c.reduce_scatter(h, mine, count, t, op);
+    case collective_kind::gather: return c.gather(mine, is_root ? h : nullptr, count, t, root);
+    case collective_kind::scatter: return c.scatter(is_root ? h : nullptr, mine, count, t, root);
+    case collective_kind::alltoall: return c.alltoall(h, h, count, t);  // in place
+    case collective_kind::send: return c.send(h, count, t, root);
+    case collective_kind::recv: return c.recv(h, count, t, root);
+    default: return make_error(errc::invalid_argument, "%s is not a staged collective", to_string(k));
+  }
+}
+
+}  // namespace cclite::cuda::detail
