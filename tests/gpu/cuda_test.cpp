@@ -380,6 +380,18 @@ TEST_CASE("device_communicator argument checks need no device") {
             "scatter: null send buffer on the root (rank 1)"));
   CHECK(bad(check_device_call(call(collective_kind::scatter, x, x, 4, f32, sum, 2), 1, 2), "scatter: root 2"));
   CHECK(bad(check_device_call(call(collective_kind::alltoall, x, nullptr, 4, f32, sum, 0), 1, 2), "alltoall: null"));
+  // allgatherv: the send count is counts[rank]; the arrays must be there.
+  {
+    const std::size_t counts[2] = {3, 4}, displs[2] = {0, 3};
+    op_desc v = call(collective_kind::allgatherv, x, x, 4, f32, sum, 0);
+    v.counts = counts;
+    v.displs = displs;
+    CHECK(check_device_call(v, 1, 2).ok());
+    v.count = 3;
+    CHECK(bad(check_device_call(v, 1, 2), "allgatherv: send count 3 differs from counts[1] = 4"));
+    v.counts = nullptr;
+    CHECK(bad(check_device_call(v, 1, 2), "null counts"));
+  }
   // send / recv: `root` is the peer.
   CHECK(check_device_call(call(collective_kind::send, x, nullptr, 4, f32, sum, 0), 1, 2).ok());
   CHECK(bad(check_device_call(call(collective_kind::send, x, nullptr, 4, f32, sum, 2), 1, 2), "send: peer 2"));
@@ -554,38 +566,106 @@ std::vector<unsigned char> sim_expected(collective_kind kind, dtype t, reduce_op
   return want;
 }
 
-// Runs `kind` over `size` ranks with the plan; returns the number of problems
-// (wrong bytes, unwaited reads, write/read overlaps) and fills `why`.
-std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, int root, std::size_t count,
-                         std::size_t chunk_bytes, bool in_place, std::string& why) {
-  const std::size_t es = size_of(t);
-  const std::size_t un = static_cast<std::size_t>(size);
-  auto per = cuda::detail::staged_chunk_elems(kind, t, size, chunk_bytes);
-  if (!per) {
-    why = per.error().message();
-    return 1;
+// The v-variants' simulated calls: rank r's counts and displacements
+// (elements), ragged, some blocks empty, gaps between blocks (which the call
+// must leave alone). allgatherv: sc / sd are every rank's counts / displs.
+// alltoallv in place: a symmetric pattern and the recv layout both ways.
+struct v_layout {
+  std::vector<std::size_t> sc, sd, rc, rd;
+  std::size_t send_total = 0, recv_total = 0;
+};
+
+v_layout v_layout_of(collective_kind k, int size, std::size_t count, int r, bool in_place) {
+  const std::size_t n = static_cast<std::size_t>(size), me = static_cast<std::size_t>(r);
+  v_layout v;
+  v.sc.resize(n), v.sd.resize(n), v.rc.resize(n), v.rd.resize(n);
+  auto prefix = [](const std::vector<std::size_t>& c, std::size_t gap, std::vector<std::size_t>& d) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < c.size(); ++i, at += gap) d[i] = at, at += c[i];
+    return at;
+  };
+  if (k == collective_kind::allgatherv) {
+    for (std::size_t q = 0; q < n; ++q) v.sc[q] = q == 1 ? 0 : count + 3 * q;
+    v.recv_total = prefix(v.sc, 2, v.sd);
+    v.send_total = v.sc[me];
+    v.rc = v.sc, v.rd = v.sd;
+    return v;
   }
-  std::vector<sim_buffers> buf;
+  auto f = [&](std::size_t a, std::size_t b) {
+    return in_place ? (count + 3 * (a + b)) % (count + 5) : (count + 7 * a + 3 * b) % (count + 5);
+  };
+  for (std::size_t p = 0; p < n; ++p) v.sc[p] = f(me, p), v.rc[p] = f(p, me);
+  v.send_total = prefix(v.sc, 1, v.sd);
+  v.recv_total = prefix(v.rc, 2, v.rd);
+  if (in_place) v.sd = v.rd, v.send_total = v.recv_total;
+  return v;
+}
+
+sim_buffers make_v_buffers(collective_kind k, dtype t, const v_layout& v, int r, bool in_place) {
+  const std::size_t es = size_of(t);
+  sim_buffers b;
+  b.recv.assign(v.recv_total * es, 0x5a);
+  b.send = gpu_test::input(t, v.send_total, r);
+  if (in_place && k == collective_kind::alltoallv) b.recv = b.send;
+  b.send_at = b.send.data();
+  b.recv_at = b.recv.data();
+  if (in_place && k == collective_kind::alltoallv) b.send_at = b.recv_at;
+  if (in_place && k == collective_kind::allgatherv) {
+    b.send_at = b.recv.data() + v.sd[static_cast<std::size_t>(r)] * es;
+    std::memcpy(b.send_at, b.send.data(), b.send.size());
+  }
+  return b;
+}
+
+std::vector<unsigned char> v_expected(collective_kind k, dtype t, int size, std::size_t count, int r, bool in_place) {
+  const std::size_t es = size_of(t);
+  const v_layout v = v_layout_of(k, size, count, r, in_place);
+  std::vector<unsigned char> want(v.recv_total * es, 0x5a);
+  if (in_place && k == collective_kind::alltoallv) want = gpu_test::input(t, v.recv_total, r);
+  for (int q = 0; q < size; ++q) {
+    const std::size_t uq = static_cast<std::size_t>(q);
+    if (k == collective_kind::allgatherv) {
+      std::memcpy(want.data() + v.sd[uq] * es, gpu_test::input(t, v.sc[uq], q).data(), v.sc[uq] * es);
+    } else {
+      const v_layout vq = v_layout_of(k, size, count, q, in_place);
+      const auto from = gpu_test::input(t, vq.send_total, q);
+      std::memcpy(want.data() + v.rd[uq] * es, from.data() + vq.sd[static_cast<std::size_t>(r)] * es, v.rc[uq] * es);
+    }
+  }
+  return want;
+}
+
+// The largest block any rank sends or receives: the v-variants' chunk count.
+std::size_t v_largest(collective_kind k, int size, std::size_t count, bool in_place) {
+  std::size_t m = 0;
+  for (int q = 0; q < size; ++q) {
+    const v_layout v = v_layout_of(k, size, count, q, in_place);
+    for (std::size_t i = 0; i < v.sc.size(); ++i) m = std::max({m, v.sc[i], v.rc[i]});
+  }
+  return m;
+}
+
+// Runs the IPC plan of `call` (rank and per-rank fields set by `prepare(call,
+// r)`) over the ranks' buffers in lockstep; returns the number of problems
+// (unwaited reads, write/read overlaps; results are the caller's to check).
+template <class Prepare>
+std::size_t run_ipc_sim(cuda::detail::ipc_call call, std::size_t chunk_bytes, std::vector<sim_buffers>& buf, dtype t,
+                        reduce_op op, Prepare&& prepare, std::string& why) {
+  const std::size_t es = size_of(t);
+  const int size = call.size;
+  const std::size_t un = static_cast<std::size_t>(size);
   std::vector<std::vector<unsigned char>> slot(un, std::vector<unsigned char>(chunk_bytes));
-  for (int r = 0; r < size; ++r) buf.push_back(make_sim_buffers(kind, t, size, root, count, r, in_place));
   const reduction red = reduction_for(t, op);
   std::size_t problems = 0;
   auto complain = [&](const std::string& w) {
     if (why.empty()) why = w;
     ++problems;
   };
-  cuda::detail::ipc_call call;
-  call.kind = kind;
-  call.size = size;
-  call.root = root;
-  call.count = count;
-  call.elem = es;
-  call.per_chunk = per.value();
   for (std::size_t c = 0; c < call.chunks(); ++c) {
     std::vector<plan_sim::rank_trace> tr(un);
     for (int r = 0; r < size; ++r) {
       call.rank = r;
-      call.own_block_in_place = cuda::detail::own_block_in_place(kind, buf[r].send_at, buf[r].recv_at, count * es, r, root);
+      prepare(call, r);
       plan_sim::visitor v{tr[r], r};
       cuda::detail::ipc_chunk_plan(call, c, v);
     }
@@ -636,9 +716,73 @@ std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, 
           }
     }
   }
+  return problems;
+}
+
+// Runs `kind` over `size` ranks with the plan; returns the number of problems
+// (wrong bytes, unwaited reads, write/read overlaps) and fills `why`.
+std::size_t simulate_ipc(collective_kind kind, dtype t, reduce_op op, int size, int root, std::size_t count,
+                         std::size_t chunk_bytes, bool in_place, std::string& why) {
+  const std::size_t es = size_of(t);
+  auto per = cuda::detail::staged_chunk_elems(kind, t, size, chunk_bytes);
+  if (!per) {
+    why = per.error().message();
+    return 1;
+  }
+  std::vector<sim_buffers> buf;
+  for (int r = 0; r < size; ++r) buf.push_back(make_sim_buffers(kind, t, size, root, count, r, in_place));
+  cuda::detail::ipc_call call;
+  call.kind = kind;
+  call.size = size;
+  call.root = root;
+  call.count = count;
+  call.elem = es;
+  call.per_chunk = per.value();
+  std::size_t problems = run_ipc_sim(call, chunk_bytes, buf, t, op, [&](cuda::detail::ipc_call& c, int r) {
+    c.own_block_in_place = cuda::detail::own_block_in_place(kind, buf[r].send_at, buf[r].recv_at, count * es, r, root);
+  }, why);
   for (int r = 0; r < size; ++r) {
     const auto want = sim_expected(kind, t, op, size, root, count, r, in_place);
-    if (std::memcmp(buf[r].recv_at, want.data(), want.size()) != 0) complain("rank " + std::to_string(r) + ": wrong result");
+    if (std::memcmp(buf[r].recv_at, want.data(), want.size()) != 0) {
+      if (why.empty()) why = "rank " + std::to_string(r) + ": wrong result";
+      ++problems;
+    }
+  }
+  return problems;
+}
+
+// The same for allgatherv / alltoallv with v_layout's counts.
+std::size_t simulate_ipc_v(collective_kind kind, dtype t, int size, std::size_t count, std::size_t chunk_bytes,
+                           bool in_place, std::string& why) {
+  const std::size_t es = size_of(t);
+  auto per = cuda::detail::staged_chunk_elems(kind, t, size, chunk_bytes);
+  if (!per) {
+    why = per.error().message();
+    return 1;
+  }
+  std::vector<v_layout> lay;
+  std::vector<sim_buffers> buf;
+  for (int r = 0; r < size; ++r) {
+    lay.push_back(v_layout_of(kind, size, count, r, in_place));
+    buf.push_back(make_v_buffers(kind, t, lay.back(), r, in_place));
+  }
+  cuda::detail::ipc_call call;
+  call.kind = kind;
+  call.size = size;
+  call.count = v_largest(kind, size, count, in_place);
+  call.elem = es;
+  call.per_chunk = per.value();
+  std::size_t problems = run_ipc_sim(call, chunk_bytes, buf, t, reduce_op::sum, [&](cuda::detail::ipc_call& c, int r) {
+    const v_layout& v = lay[static_cast<std::size_t>(r)];
+    c.counts = v.sc.data(), c.displs = v.sd.data(), c.rcounts = v.rc.data(), c.rdispls = v.rd.data();
+    c.own_block_in_place = kind == collective_kind::allgatherv && buf[r].send_at == buf[r].recv_at + v.sd[static_cast<std::size_t>(r)] * es;
+  }, why);
+  for (int r = 0; r < size; ++r) {
+    const auto want = v_expected(kind, t, size, count, r, in_place);
+    if (std::memcmp(buf[r].recv_at, want.data(), want.size()) != 0) {
+      if (why.empty()) why = "rank " + std::to_string(r) + ": wrong result";
+      ++problems;
+    }
   }
   return problems;
 }
@@ -657,11 +801,14 @@ struct staged_sim {
   unsigned char* dst;
   std::vector<unsigned char>& slot;
   status st;
+  std::size_t c = 0;  // the chunk
+  cuda::detail::staged_v_chunk vc{};
   void down(std::size_t slot_off, std::size_t src_off, std::size_t src_pitch, std::size_t width, std::size_t rows) {
     for (std::size_t r = 0; r < rows; ++r) std::memcpy(slot.data() + slot_off + r * width, src + src_off + r * src_pitch, width);
   }
   void host(std::size_t n, std::size_t) {
-    if (st.ok()) st = cuda::detail::staged_host_call(comm, call.kind, slot.data(), n, t, op, call.root);
+    if (cuda::detail::is_v(call.kind)) cuda::detail::staged_v_counts(call, c, vc);
+    if (st.ok()) st = cuda::detail::staged_host_call(comm, call.kind, slot.data(), n, t, op, call.root, &vc);
   }
   void up(std::size_t dst_off, std::size_t dst_pitch, std::size_t slot_off, std::size_t width, std::size_t rows) {
     for (std::size_t r = 0; r < rows; ++r) std::memcpy(dst + dst_off + r * dst_pitch, slot.data() + slot_off + r * width, width);
@@ -669,9 +816,11 @@ struct staged_sim {
 };
 
 // One call through the staged plan on `comm`; ok or the CPU call's error.
+// The v-variants: `v` is this rank's layout, `count` the largest block.
 template <class Comm>
 status run_staged(Comm& comm, collective_kind kind, dtype t, reduce_op op, int root, std::size_t count,
-                  std::size_t chunk_bytes, const unsigned char* send, unsigned char* recv) {
+                  std::size_t chunk_bytes, const unsigned char* send, unsigned char* recv,
+                  const v_layout* v = nullptr) {
   auto per = cuda::detail::staged_chunk_elems(kind, t, comm.size(), chunk_bytes);
   if (!per) return per.error();
   cuda::detail::staged_call call;
@@ -682,10 +831,14 @@ status run_staged(Comm& comm, collective_kind kind, dtype t, reduce_op op, int r
   call.count = count;
   call.elem = size_of(t);
   call.per_chunk = per.value();
+  if (v) call.counts = v->sc.data(), call.displs = v->sd.data(), call.rcounts = v->rc.data(), call.rdispls = v->rd.data();
   std::vector<unsigned char> slot(chunk_bytes, 0xee);
-  staged_sim<Comm> v{comm, call, t, op, send, recv, slot, {}};
-  for (std::size_t c = 0; c < call.chunks() && v.st.ok(); ++c) cuda::detail::staged_chunk_plan(call, c, v);
-  return v.st;
+  staged_sim<Comm> sim{comm, call, t, op, send, recv, slot, {}};
+  for (std::size_t c = 0; c < call.chunks() && sim.st.ok(); ++c) {
+    sim.c = c;
+    cuda::detail::staged_chunk_plan(call, c, sim);
+  }
+  return sim.st;
 }
 }  // namespace
 
@@ -725,7 +878,23 @@ TEST_CASE("staged path: its plan, with a real CPU communicator, gives every coll
               }
               ++cases;
             }
-      MP_CHECK(cases == (rank > 1 ? 128 : 144));
+      for (collective_kind k : {collective_kind::allgatherv, collective_kind::alltoallv})
+        for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{100}, std::size_t{1237}})
+          for (dtype t : {dtype::float32, dtype::int8})
+            for (bool in_place : {false, true}) {
+              const v_layout v = v_layout_of(k, n, count, rank, in_place);
+              sim_buffers b = make_v_buffers(k, t, v, rank, in_place);
+              MP_REQUIRE_OK(run_staged(*comm, k, t, reduce_op::sum, 0, v_largest(k, n, count, in_place), 256,
+                                       b.send_at, b.recv_at, &v));
+              const auto want = v_expected(k, t, n, count, rank, in_place);
+              if (std::memcmp(b.recv_at, want.data(), want.size()) != 0) {
+                std::fprintf(stderr, "rank %d: staged %s, %d ranks, %zu x %s%s: wrong result\n", rank, to_string(k), n,
+                             count, to_string(t), in_place ? " in place" : "");
+                MP_CHECK(false);
+              }
+              ++cases;
+            }
+      MP_CHECK(cases == (rank > 1 ? 160 : 176));
       return 0;
     }, std::chrono::seconds(120), [size](int rank) { test::set_net_env(test::net::shm_only, rank, size); });
     CHECK_MESSAGE(r.all_ok(), r.describe());
@@ -752,7 +921,19 @@ TEST_CASE("CUDA IPC path: its plan, run on host memory, gives every collective's
             CHECK(bad == 0);
             ++cases;
           }
-  CHECK(cases == 384);
+  for (collective_kind k : {collective_kind::allgatherv, collective_kind::alltoallv})
+    for (int size : {2, 3, 4})
+      for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{100}, std::size_t{1237}})
+        for (dtype t : {dtype::float32, dtype::int8})
+          for (bool in_place : {false, true}) {
+            std::string why;
+            const std::size_t bad = simulate_ipc_v(k, t, size, count, 256, in_place, why);
+            INFO(std::string(to_string(k)), " ", size, " ranks, ", count, " x ", std::string(to_string(t)),
+                 std::string(in_place ? " in place" : ""), ": ", why);
+            CHECK(bad == 0);
+            ++cases;
+          }
+  CHECK(cases == 480);
 }
 
 TEST_CASE("CUDA IPC path: taken only when every condition holds, else a reason a user can act on") {

@@ -18,6 +18,8 @@
 //   - CCLITE_GPU_BACKEND=auto with 2 ranks on one GPU picks native
 //   - 256 MiB float sum, stream-ordered, timed (busbw = algbw for 2 ranks)
 //   - send / recv between two ranks, both ways, stream-ordered and blocking
+//   - allgatherv / alltoallv with ragged counts and gaps, stream-ordered and
+//     blocking, alltoallv in place on the native engine
 //   - for the table: GPU 0's active NVLinks as NVML (loaded at run time) counts them
 // Run by tests/gpu/run.sh (and ctest -L gpu); exit 0 ok, 1 failure, 77 no CUDA device.
 #include <cclite/cclite.hpp>
@@ -204,6 +206,108 @@ int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int r
         if (bad) std::printf(" (rank %d: %zu wrong stream-ordered, %zu blocking)", rank, wrong[c][0], wrong[c][1]);
         std::printf("\n");
       }
+    }
+  }
+  return failed;
+}
+
+// allgatherv and alltoallv with ragged counts (an empty block, gaps between
+// blocks that must stay untouched) over several chunks, float32 / bfloat16 /
+// int8, stream-ordered and blocking; alltoallv also in place on the native
+// engine (a symmetric pattern: MPI_IN_PLACE uses the recv layout both ways).
+int check_v(device_comm& dc, cudaStream_t s, const char* engine, int rank, int size, std::size_t n) {
+  const bool nccl = std::string(engine) == "nccl";
+  const auto un = static_cast<std::size_t>(size), me = static_cast<std::size_t>(rank);
+  auto prefix = [](const std::vector<std::size_t>& c, std::size_t gap, std::vector<std::size_t>& d) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < c.size(); ++i, at += gap) d[i] = at, at += c[i];
+    return at;
+  };
+  std::vector<std::size_t> gc(un), gd(un);
+  for (std::size_t q = 0; q < un; ++q) gc[q] = q == 1 ? 0 : n + 3 * q;
+  const std::size_t g_total = prefix(gc, 5, gd);
+  // alltoallv: rank a sends f(a, b) elements to rank b.
+  auto layout = [&](std::size_t r, bool sym, std::vector<std::size_t>& sc, std::vector<std::size_t>& sd,
+                    std::vector<std::size_t>& rc, std::vector<std::size_t>& rd, std::size_t& st, std::size_t& rt) {
+    auto f = [&](std::size_t a, std::size_t b) { return sym ? n + 3 * (a + b) : n + 7 * a + 3 * b + (a == b ? 0 : 11); };
+    sc.assign(un, 0), sd.assign(un, 0), rc.assign(un, 0), rd.assign(un, 0);
+    for (std::size_t p = 0; p < un; ++p) sc[p] = f(r, p), rc[p] = f(p, r);
+    st = prefix(sc, 1, sd);
+    rt = prefix(rc, 2, rd);
+    if (sym) sd = rd, st = rt;
+  };
+  std::size_t cap = g_total;
+  for (bool sym : {false, true}) {
+    std::vector<std::size_t> a, b, c, d;
+    std::size_t st = 0, rt = 0;
+    layout(me, sym, a, b, c, d, st, rt);
+    cap = std::max({cap, st, rt});
+  }
+  dev x(cap * 8), y(cap * 8);
+  std::size_t wrong[2][2] = {};  // [allgatherv, alltoallv][stream-ordered, blocking]
+  for (const dtype t : {dtype::float32, dtype::bfloat16, dtype::int8}) {
+    const std::size_t es = size_of(t);
+    for (int form = 0; form < 2; ++form) {
+      const bool blocking = form == 1;
+      auto sync_if_blocking = [&] { if (blocking) GPU(cudaStreamSynchronize(s)); };
+      auto down = [&](const void* p, std::size_t bytes) {
+        gt::bytes h(bytes);
+        GPU(cudaMemcpyAsync(h.data(), p, bytes, cudaMemcpyDeviceToHost, s));
+        OR_DIE(dc.synchronize(s));
+        return h;
+      };
+      // allgatherv out of place (stream-ordered) or in place (blocking).
+      GPU(cudaMemsetAsync(y.at(), 0x5a, g_total * es, s));
+      const auto mine = gt::input(t, gc[me], rank);
+      unsigned char* send = blocking ? y.at(gd[me] * es) : x.at();
+      GPU(cudaMemcpyAsync(send, mine.data(), mine.size(), cudaMemcpyHostToDevice, s));
+      sync_if_blocking();
+      OR_DIE(blocking ? dc.allgatherv(send, gc[me], y.at(), gc.data(), gd.data(), t)
+                      : dc.allgatherv(send, gc[me], y.at(), gc.data(), gd.data(), t, s));
+      gt::bytes want(g_total * es, 0x5a);
+      for (std::size_t q = 0; q < un; ++q) {
+        const auto b = gt::input(t, gc[q], static_cast<int>(q));
+        std::copy(b.begin(), b.end(), want.begin() + static_cast<std::ptrdiff_t>(gd[q] * es));
+      }
+      wrong[0][form] += gt::wrong_elements(down(y.at(), want.size()), want, t);
+
+      // alltoallv: out of place, or in place on the native engine when blocking.
+      const bool in_place = blocking && !nccl;
+      std::vector<std::size_t> sc, sd, rc, rd;
+      std::size_t st = 0, rt = 0;
+      layout(me, in_place, sc, sd, rc, rd, st, rt);
+      const auto out = gt::input(t, st, rank);
+      GPU(cudaMemcpyAsync(x.at(), out.data(), out.size(), cudaMemcpyHostToDevice, s));
+      if (!in_place) GPU(cudaMemsetAsync(y.at(), 0x5a, rt * es, s));
+      sync_if_blocking();
+      unsigned char* recv = in_place ? x.at() : y.at();
+      // In place, the send arrays may be null (MPI_IN_PLACE).
+      const std::size_t* scp = in_place ? nullptr : sc.data();
+      const std::size_t* sdp = in_place ? nullptr : sd.data();
+      OR_DIE(blocking ? dc.alltoallv(x.at(), scp, sdp, recv, rc.data(), rd.data(), t)
+                      : dc.alltoallv(x.at(), scp, sdp, recv, rc.data(), rd.data(), t, s));
+      gt::bytes want2 = in_place ? out : gt::bytes(rt * es, 0x5a);
+      for (std::size_t q = 0; q < un; ++q) {
+        std::vector<std::size_t> qsc, qsd, qrc, qrd;
+        std::size_t qst = 0, qrt = 0;
+        layout(q, in_place, qsc, qsd, qrc, qrd, qst, qrt);
+        const auto from = gt::input(t, qst, static_cast<int>(q));
+        std::copy(from.begin() + static_cast<std::ptrdiff_t>(qsd[me] * es),
+                  from.begin() + static_cast<std::ptrdiff_t>((qsd[me] + qsc[me]) * es),
+                  want2.begin() + static_cast<std::ptrdiff_t>(rd[q] * es));
+      }
+      wrong[1][form] += gt::wrong_elements(down(recv, want2.size()), want2, t);
+    }
+  }
+  int failed = 0;
+  const char* names[2] = {"allgatherv", "alltoallv"};
+  for (int k = 0; k < 2; ++k) {
+    const bool bad = wrong[k][0] || wrong[k][1];
+    failed += bad;
+    if (rank == 0 || bad) {
+      std::printf("RESULT devcomm %s_%s f32/bf16/i8 %s", engine, names[k], bad ? "FAIL" : "ok");
+      if (bad) std::printf(" (rank %d: %zu wrong stream-ordered, %zu blocking)", rank, wrong[k][0], wrong[k][1]);
+      std::printf("\n");
     }
   }
   return failed;
@@ -507,6 +611,7 @@ int native_rank(const char* dir, int rank, int size) {
     // 400009 elements per rank: several 256 KiB chunks for every dtype and collective.
     failed += check_collectives(dc, s, path, rank, size, 400009);
     failed += check_p2p(dc, s, path, rank, 100003);  // 782 KiB: several 256 KiB chunks
+    failed += check_v(dc, s, path, rank, size, 70001);
     failed += check_chained(dc, s, path, rank, size, 300007);
     failed += check_arguments_and_host(dc, path, rank, size);
     failed += check_timing_and_routes(dc, s, path, rank, size);
@@ -560,6 +665,7 @@ int nccl_rank(const char* dir) {
   OR_DIE(stream.ok() ? status() : stream.error());
   failed += check_all(dc, stream.value().get(), "nccl", 0, 1);
   failed += check_collectives(dc, stream.value().get(), "nccl", 0, 1, 400009);
+  failed += check_v(dc, stream.value().get(), "nccl", 0, 1, 70001);
   failed += check_chained(dc, stream.value().get(), "nccl", 0, 1, 300007);
   failed += check_arguments_and_host(dc, "nccl", 0, 1);
   std::vector<float> host(1000, 2.0f);  // host pointers: the CPU path, even with the NCCL engine

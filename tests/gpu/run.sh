@@ -93,12 +93,12 @@ print_table() {  # results file
   echo "cclite::cuda::device_communicator (device buffers, every dtype; every op for allreduce, reduce, reduce_scatter;"
   echo "  engines: ipc = native over CUDA IPC, staged = native through pinned host memory, nccl;"
   echo "  allreduce stream-ordered, the others stream-ordered and blocking; ok = bit-exact):"
-  awk '$1=="RESULT" && $2=="devcomm" && $3 ~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter|gather|scatter|alltoall|send_recv)$/ {
+  awk '$1=="RESULT" && $2=="devcomm" && $3 ~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter|gather|scatter|alltoall|send_recv|allgatherv|alltoallv)$/ {
          k=$3; e=k; sub(/_.*/, "", e); c=substr(k, length(e) + 2)
          if (!(k in line)) order[++n]=k
          line[k] = line[k] sprintf(" %s:%s", $4, $5); eng[k]=e; coll[k]=c }
        END { if (!n) print "  (no results)"; for (i=1;i<=n;i++) printf "  %-7s%-15s%s\n", eng[order[i]], coll[order[i]], line[order[i]] }' "$RES"
-  awk '$1=="RESULT" && $2=="devcomm" && $3 !~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter|gather|scatter|alltoall|send_recv)$/ { $1=""; $2=""; sub(/^  /, ""); print "  " $0 }' "$RES"
+  awk '$1=="RESULT" && $2=="devcomm" && $3 !~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter|gather|scatter|alltoall|send_recv|allgatherv|alltoallv)$/ { $1=""; $2=""; sub(/^  /, ""); print "  " $0 }' "$RES"
   awk '$1=="RESULT" && $2=="devcomm_allreduce_perf" { printf "  stream-ordered native allreduce (%s path) %d MiB float sum, 2 ranks on 1 GPU: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3, $4/1048576, $6, $7, $8 }' "$RES"
   echo
   echo "train::data_parallel on device gradients (cuda/device_data_parallel.hpp; 2 processes sharing the GPU, native engine):"

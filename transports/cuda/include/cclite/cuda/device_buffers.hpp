@@ -16,12 +16,10 @@
 // device data must be ready (its stream synchronised) before the call. Every
 // rank must pass the same kind of memory to a call.
 //
-// Device buffers are taken by allreduce, broadcast, reduce, allgather,
-// reduce_scatter, gather, scatter, alltoall, send and recv on the device
+// Device buffers are taken by every collective and send / recv on the device
 // communicator's engine (send / recv through pinned host memory on the native
-// engine, as device_communicator says). The v-variants and sendrecv on
-// device buffers are unsupported, with a message naming what offers them; a
-// host buffer and a device buffer in one call are invalid_argument. Blocking
+// engine, as device_communicator says). sendrecv on device buffers is
+// unsupported, with a message naming what offers it; a host buffer and a device buffer in one call are invalid_argument. Blocking
 // and _async alike (the _async forms run the call before they return).
 // Stream-ordered work stays with `device()` (device_communicator's forms
 // taking a cudaStream_t).
@@ -85,6 +83,9 @@ class device_buffers final : public device_hook {
       case collective_kind::gather: return dc.gather(d.send, d.recv, d.count, d.type, d.root);
       case collective_kind::scatter: return dc.scatter(d.send, d.recv, d.count, d.type, d.root);
       case collective_kind::alltoall: return dc.alltoall(d.send, d.recv, d.count, d.type);
+      case collective_kind::allgatherv: return dc.allgatherv(d.send, d.count, d.recv, d.counts, d.displs, d.type);
+      case collective_kind::alltoallv:
+        return dc.alltoallv(d.send, d.counts, d.displs, d.recv, d.rcounts, d.rdispls, d.type);
       case collective_kind::send: return dc.send(d.send, d.count, d.type, d.root);
       case collective_kind::recv: return dc.recv(d.recv, d.count, d.type, d.root);
       default:

@@ -9,12 +9,12 @@
 //   dc->allreduce(h_sums, h_sums, 4, cclite::dtype::float64, cclite::reduce_op::sum);  // host: CPU path
 //
 // Wraps a CPU communicator (any cclite communicator<...>) and adds device
-// pointers to allreduce, broadcast, reduce, allgather, reduce_scatter, gather,
-// scatter and alltoall, with the CPU communicator's semantics and arguments
+// pointers to allreduce, broadcast, reduce, allgather(v), reduce_scatter,
+// gather, scatter and alltoall(v), with the CPU communicator's semantics and arguments
 // (counts in elements, per rank for all but the first three; the same in-place
 // forms, except alltoall's on NCCL; reduce's and gather's recv and scatter's
-// send only on the root), and send / recv (`root` = the peer). Not here:
-// sendrecv and the v-variants (nccl::backend has sendrecv). Two engines, chosen once in create() (CCLITE_GPU_BACKEND, or
+// send only on the root), allgatherv / alltoallv, and send / recv (`root` =
+// the peer). Not here: sendrecv (nccl::backend has it). Two engines, chosen once in create() (CCLITE_GPU_BACKEND, or
 // device_options::backend):
 //   nccl    cclite::nccl::backend (built with cclite::nccl); the unique id goes
 //           out over the CPU communicator. NCCL allows one rank per GPU.
@@ -142,6 +142,13 @@ inline status check_device_call(const op_desc& d, int rank, int size) {
       s = make_error(errc::invalid_argument, "%s: null %s buffer on the root (rank %d) with count %zu", name,
                      everyone_sends ? "recv" : "send", rank, d.count);
     }
+  }
+  if (s.ok() && d.kind == collective_kind::allgatherv && d.counts[rank] != d.count) {
+    s = make_error(errc::invalid_argument, "allgatherv: send count %zu differs from counts[%d] = %zu", d.count, rank,
+                   d.counts[rank]);
+  }
+  if (s.ok() && d.kind == collective_kind::allgatherv && d.count && !d.send) {
+    s = make_error(errc::invalid_argument, "allgatherv: null send buffer with count %zu", d.count);
   }
   if (s.ok()) return s;
   return make_error(s.code(), "device_communicator rank %d: device %s", rank, s.message().c_str());
@@ -283,6 +290,33 @@ class device_communicator {
     return enqueue(collective_kind::alltoall, send, recv, count, t, reduce_op::sum, 0, stream);
   }
 
+  /// Rank r's send (counts[r] elements; send_count here) lands at recv +
+  /// displs[r] on every rank; counts / displs: size() entries, equal on all
+  /// ranks, read during the call only. In place: send == recv + displs[rank()].
+  status allgatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
+                    const std::size_t* displs, dtype t, cudaStream_t stream) {
+    detail::v_args va;
+    va.counts = counts;
+    va.displs = displs;
+    return enqueue(collective_kind::allgatherv, send, recv, send_count, t, reduce_op::sum, 0, stream, va);
+  }
+
+  /// Block p of send (send_counts[p] elements at send_displs[p]) goes to rank p
+  /// and arrives there at recv + recv_displs[rank()]; size() entries each, read
+  /// during the call only. Every rank takes as many chunks as the largest block
+  /// of any rank (the native engine agrees on it with one small CPU allreduce
+  /// per call). In place (send == recv) on the native engine, with the recv
+  /// arrays both ways (MPI_IN_PLACE); NCCL: unsupported.
+  status alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
+                   const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t, cudaStream_t stream) {
+    detail::v_args va;
+    va.counts = send_counts;
+    va.displs = send_displs;
+    va.rcounts = recv_counts;
+    va.rdispls = recv_displs;
+    return enqueue(collective_kind::alltoallv, send, recv, 0, t, reduce_op::sum, 0, stream, va);
+  }
+
   /// Point to point, as the CPU communicator's send / recv: `peer` makes the
   /// matching recv / send with the same count and dtype; calls to one peer match
   /// in issue order. Native engine: through pinned host memory (the staged
@@ -351,6 +385,22 @@ class device_communicator {
   status alltoall(const void* send, void* recv, std::size_t count, dtype t) {
     return routed("alltoall", send, recv, [&] { return host_->alltoall(send, recv, count, t); },
                   [&](cudaStream_t s) { return alltoall(send, recv, count, t, s); });
+  }
+
+  status allgatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
+                    const std::size_t* displs, dtype t) {
+    return routed("allgatherv", send, recv,
+                  [&] { return host_->allgatherv(send, send_count, recv, counts, displs, t); },
+                  [&](cudaStream_t s) { return allgatherv(send, send_count, recv, counts, displs, t, s); });
+  }
+
+  status alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
+                   const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t) {
+    return routed("alltoallv", send, recv,
+                  [&] { return host_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t); },
+                  [&](cudaStream_t s) {
+                    return alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t, s);
+                  });
   }
 
   status send(const void* buf, std::size_t count, dtype t, int peer) {
@@ -474,11 +524,17 @@ class device_communicator {
 
   // Checks the arguments, then hands the call to the engine.
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
-                 int root, cudaStream_t stream) {
+                 int root, cudaStream_t stream, detail::v_args va = {}) {
     CCLITE_TRY(failure());
-    const op_desc d = op_desc::of(k, send, recv, count, t, op, root);
+    op_desc d = op_desc::of(k, send, recv, count, t, op, root);
+    va.apply(d);
     CCLITE_TRY(detail::check_device_call(d, rank(), size()));
-    if (count == 0) return status();
+    if (k == collective_kind::alltoallv && send == recv) {  // MPI_IN_PLACE: the recv arrays both ways
+      va.counts = va.rcounts;
+      va.displs = va.rdispls;
+    }
+    // The v-variants go on even with nothing here: the others may have blocks.
+    if (count == 0 && !detail::is_v(k)) return status();
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
     if (nccl_) {
       switch (k) {
@@ -498,6 +554,16 @@ class device_communicator {
                               rank());
           }
           return nccl_->alltoall(send, recv, count, t, stream);
+        case collective_kind::allgatherv:
+          return nccl_->allgatherv(send, count, recv, va.counts, va.displs, t, stream);
+        case collective_kind::alltoallv:
+          if (send == recv) {
+            return make_error(errc::unsupported,
+                              "device_communicator rank %d: in-place alltoallv on the NCCL engine; pass a "
+                              "separate recv buffer, or use the native engine (CCLITE_GPU_BACKEND=native)",
+                              rank());
+          }
+          return nccl_->alltoallv(send, va.counts, va.displs, recv, va.rcounts, va.rdispls, t, stream);
         case collective_kind::send: return nccl_->send(send, count, t, root, stream);
         case collective_kind::recv: return nccl_->recv(recv, count, t, root, stream);
         default: return make_error(errc::invalid_argument, "device %s: not offered", to_string(k));
@@ -505,8 +571,8 @@ class device_communicator {
     }
 #endif
     const bool p2p = k == collective_kind::send || k == collective_kind::recv;
-    if (ipc_ && !p2p) return ipc_->enqueue(k, send, recv, count, t, op, root, stream);
-    return staged_->enqueue(k, send, recv, count, t, op, root, stream);
+    if (ipc_ && !p2p) return ipc_->enqueue(k, send, recv, count, t, op, root, stream, va);
+    return staged_->enqueue(k, send, recv, count, t, op, root, stream, va);
   }
 
   // The blocking forms: host pointers to the CPU communicator, device pointers

@@ -153,10 +153,15 @@ class ipc_engine {
   /// Enqueues collective `k` on `stream` chunk by chunk (see the file comment)
   /// and returns. The arguments must have been checked (device_communicator does).
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
-                 int root, cudaStream_t stream) {
+                 int root, cudaStream_t stream, const v_args& va = {}) {
     CCLITE_TRY(failure());
     auto per = staged_chunk_elems(k, t, size(), cfg_.chunk_bytes);
     if (!per) return per.error();
+    if (is_v(k)) {  // the number of chunks: every rank's largest block (chan_: this thread's only)
+      auto m = v_largest_block(k, va, size(), chan_.get());
+      if (!m) return fail(m.error());
+      count = m.value();
+    }
     if (count == 0) return status();
     ipc_call call;
     call.kind = k;
@@ -167,6 +172,10 @@ class ipc_engine {
     call.elem = size_of(t);
     call.per_chunk = per.value();
     call.own_block_in_place = own_block_in_place(k, send, recv, count * call.elem, rank(), root);
+    va.apply(call);
+    if (k == collective_kind::allgatherv) {
+      call.own_block_in_place = send == static_cast<const unsigned char*>(recv) + va.displs[rank()] * call.elem;
+    }
     const char* name = to_string(k);
     // Runs the plan's steps (ipc_plan.hpp) on `stream`; the first error is kept.
     struct runner {

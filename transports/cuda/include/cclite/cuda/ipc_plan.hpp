@@ -28,6 +28,7 @@
 #include <cstddef>
 
 #include <cclite/collective/op.hpp>
+#include <cclite/cuda/staged_plan.hpp>
 
 namespace cclite::cuda::detail {
 
@@ -67,6 +68,11 @@ struct ipc_call {
   /// count, gather's root with the same, scatter's root with recv == send +
   /// root * count (the communicator's in-place forms).
   bool own_block_in_place = false;
+  /// The v-variants (staged_call's meaning): `count` is the largest block.
+  const std::size_t* counts = nullptr;
+  const std::size_t* displs = nullptr;
+  const std::size_t* rcounts = nullptr;
+  const std::size_t* rdispls = nullptr;
 
   std::size_t chunks() const noexcept { return per_chunk ? (count + per_chunk - 1) / per_chunk : 0; }
 };
@@ -86,6 +92,27 @@ inline bool own_block_in_place(collective_kind k, const void* send, const void* 
 template <class Visitor>
 void ipc_chunk_plan(const ipc_call& call, std::size_t c, Visitor& v) {
   const collective_kind k = call.kind;
+  if (is_v(k)) {
+    // allgatherv: this rank's piece at the start of its slot, every peer reads
+    // it; alltoallv: row p of the slot = the piece for rank p, which reads it.
+    // Each row as long as its block's piece of this chunk (maybe empty).
+    const std::size_t es = call.elem, per = call.per_chunk, row = per * es, n = static_cast<std::size_t>(call.size);
+    const std::size_t me = static_cast<std::size_t>(call.rank);
+    const std::size_t at = c * per;  // the chunk's element offset in each block
+    const bool gv = k == collective_kind::allgatherv;
+    for (std::size_t p = gv ? me : 0; p < (gv ? me + 1 : n); ++p)
+      if (const std::size_t w = v_piece(call.counts[p], per, c) * es)
+        v.copy_in(gv ? 0 : p * row, ((gv ? 0 : call.displs[p]) + at) * es, w);
+    v.exchange(ipc_in, -1);
+    const std::size_t* cnt = gv ? call.counts : call.rcounts;
+    const std::size_t* dsp = gv ? call.displs : call.rdispls;
+    for (std::size_t q = 0; q < n; ++q) {
+      if (gv && q == me && call.own_block_in_place) continue;
+      if (const std::size_t w = v_piece(cnt[q], per, c) * es)
+        v.copy_out((dsp[q] + at) * es, static_cast<int>(q), gv ? 0 : me * row, w);
+    }
+    return;
+  }
   const int me = call.rank;
   const bool is_root = me == call.root;
   const std::size_t es = call.elem;

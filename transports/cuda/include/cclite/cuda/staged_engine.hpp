@@ -99,6 +99,12 @@ class staged_engine {
     auto chan = host.split(0, host.rank());  // same ranks, same order: roots carry over
     if (!chan) return chan.error();
     e->chan_ = std::move(chan.value());
+    // A second one, used from the calling thread only: alltoallv's agreement on
+    // its number of chunks (chan_ belongs to the host functions, and calls from
+    // two threads on one communicator would not match across ranks).
+    auto agree = host.split(0, host.rank());
+    if (!agree) return agree.error();
+    e->agree_ = std::move(agree.value());
     CCLITE_TRY(e->init());
     return result<std::unique_ptr<staged_engine>>(std::move(e));
   }
@@ -136,10 +142,15 @@ class staged_engine {
   /// (device_communicator does). `root`: the rooted ones' root, send's / recv's
   /// peer; `op`: the reducing ones only; send: `send` only, recv: `recv` only.
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
-                 int root, cudaStream_t stream) {
+                 int root, cudaStream_t stream, const v_args& va = {}) {
     CCLITE_TRY(failure());
     auto per = staged_chunk_elems(k, t, size(), staging_.chunk_bytes());
     if (!per) return per.error();
+    if (is_v(k)) {
+      auto m = v_largest_block(k, va, size(), agree_.get());
+      if (!m) return fail(m.error());
+      count = m.value();
+    }
     if (count == 0) return status();
     staged_call call;
     call.kind = k;
@@ -149,6 +160,7 @@ class staged_engine {
     call.count = count;
     call.elem = size_of(t);
     call.per_chunk = per.value();
+    va.apply(call);
     const char* name = to_string(k);
     // Runs the plan's steps (staged_plan.hpp) for one slot; the first error is kept.
     struct runner {
@@ -160,6 +172,7 @@ class staged_engine {
       const staged_call& call;
       dtype t;
       reduce_op op;
+      std::size_t c = 0;      // the chunk
       std::size_t si = 0;     // the slot
       job* jb = nullptr;      // the chunk's job record
       bool copied_up = false;
@@ -184,6 +197,7 @@ class staged_engine {
           return;
         }
         job& jb = *this->jb;
+        if (is_v(call.kind)) staged_v_counts(call, c, jb.v);
         jb.self = &e;
         jb.host = slot();
         jb.count = n;
@@ -212,7 +226,7 @@ class staged_engine {
         }
       }
     } run{*this, stream, name, static_cast<const unsigned char*>(send), static_cast<unsigned char*>(recv), call, t, op,
-          0, nullptr, false, {}};
+          0, 0, nullptr, false, {}};
 
     if (!run.check(cudaEventRecord(start_, stream), "cudaEventRecord") ||
         !run.check(cudaStreamWaitEvent(copy_stream_.get(), start_, 0), "cudaStreamWaitEvent")) {
@@ -223,6 +237,7 @@ class staged_engine {
       auto j = take_job();
       if (!j) return j.error();
       run.jb = j.value();
+      run.c = c;
       run.si = next_slot_++ % slots_.size();
       run.copied_up = false;
       auto& hs = staging_.at(run.si);
@@ -258,6 +273,7 @@ class staged_engine {
     staged_engine* self = nullptr;
     unsigned char* host = nullptr;  ///< the pinned slot
     std::size_t count = 0;          ///< elements of each rank's piece in the slot
+    staged_v_chunk v;               ///< the v-variants' counts for this chunk (sized at init)
     collective_kind kind = collective_kind::allreduce;
     dtype t = dtype::float32;
     reduce_op op = reduce_op::sum;
@@ -287,6 +303,11 @@ class staged_engine {
     }
     njobs_ = static_cast<std::size_t>(std::max(1, cfg_.max_pending_chunks));
     jobs_.reset(new job[njobs_]);
+    staged_call sizing;  // sizes every job's count arrays once: no allocation per call
+    sizing.size = size();
+    std::vector<std::size_t> zeros(static_cast<std::size_t>(size()), 0);
+    sizing.counts = sizing.rcounts = zeros.data();
+    for (std::size_t i = 0; i < njobs_; ++i) staged_v_counts(sizing, 0, jobs_[i].v);
     auto c1 = stream::create();
     if (!c1) return c1.error();
     copy_stream_ = std::move(c1.value());
@@ -329,7 +350,7 @@ class staged_engine {
     job* j = static_cast<job*>(p);
     staged_engine* self = j->self;
     if (self->failure().ok()) {
-      status s = staged_host_call(*self->chan_, j->kind, j->host, j->count, j->t, j->op, j->root);
+      status s = staged_host_call(*self->chan_, j->kind, j->host, j->count, j->t, j->op, j->root, &j->v);
       if (!s.ok()) {
         (void)self->fail(status(s.code(), "device_communicator rank " + std::to_string(self->rank()) + ": host " +
                                               to_string(j->kind) + " of a staged chunk: " + s.message()));
@@ -359,7 +380,8 @@ class staged_engine {
   }
 
   native_config cfg_;
-  std::unique_ptr<Comm> chan_;
+  std::unique_ptr<Comm> chan_;   ///< the host functions' CPU calls
+  std::unique_ptr<Comm> agree_;  ///< the calling thread's: alltoallv's chunk count
   staging_buffers staging_;
   std::vector<slot_events> slots_;
   std::unique_ptr<job[]> jobs_;

@@ -6,7 +6,8 @@
 // processes for every collective, in place or not, and checks the results
 // (DESIGN.md: schedules are type-free code).
 //
-// The steps of chunk c, as calls on a visitor, in order (each at most once):
+// The steps of chunk c, as calls on a visitor, in order: down (at most once;
+// the v-variants once per non-empty row), host (once), up (as down):
 //   down(slot_off, src_off, src_pitch, width, rows)
 //                       `rows` rows of `width` bytes: the caller's send at
 //                       src_off + r * src_pitch -> the slot at slot_off + r * width
@@ -34,6 +35,11 @@
 //                   in place; this rank's piece -> recv chunk
 //   alltoall        as reduce_scatter's way in; alltoall in place (the CPU
 //                   communicator's in-place form); every piece -> recv (2D copy)
+//   allgatherv      as allgather, each rank's row as long as its block's piece
+//                   (a copy per non-empty row)
+//   alltoallv       the outgoing pieces -> rows 0..size-1, alltoallv from them
+//                   into rows size..2 size-1, those -> recv (a copy per row);
+//                   in place (send == recv) with the recv counts both ways
 //   send / recv     sender: send chunk -> slot, then the CPU send; receiver: the
 //                   CPU recv, then slot -> recv chunk. Chunks match in order (both
 //                   sides cut `count` alike), and the CPU send / recv rules hold:
@@ -46,7 +52,9 @@
 // reduce (and send / recv) cut `count` into chunk_bytes / element-size pieces.
 // allgather, reduce_scatter, gather, scatter and alltoall cut the per-rank
 // count instead, chunk_bytes / (element size x ranks) elements of each rank's
-// piece per chunk: a chunk then holds piece c of every rank side by side, so
+// piece per chunk (alltoallv: x 2 ranks; the v-variants: as many chunks as the
+// largest block needs, which every rank must agree on, each block's piece c
+// possibly short or empty): a chunk then holds piece c of every rank side by side, so
 // each chunk is one ordinary CPU call of n elements per rank on every rank
 // (cutting the whole size x count buffer would give chunks that start in the
 // middle of one rank's block on one rank and not on another, i.e. different
@@ -56,6 +64,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include <cclite/collective/op.hpp>
 #include <cclite/core/dtype.hpp>
@@ -63,18 +73,32 @@
 
 namespace cclite::cuda::detail {
 
-/// allgather, reduce_scatter, gather, scatter, alltoall: buffers of one piece
-/// per rank, chunked per piece.
+/// allgather(v), reduce_scatter, gather, scatter, alltoall(v): buffers of one
+/// piece per rank, chunked per piece.
 inline bool per_rank_pieces(collective_kind k) noexcept {
   return k == collective_kind::allgather || k == collective_kind::reduce_scatter ||
-         k == collective_kind::gather || k == collective_kind::scatter || k == collective_kind::alltoall;
+         k == collective_kind::gather || k == collective_kind::scatter || k == collective_kind::alltoall ||
+         k == collective_kind::allgatherv || k == collective_kind::alltoallv;
+}
+
+/// allgatherv, alltoallv: per-rank counts and displacements.
+inline bool is_v(collective_kind k) noexcept {
+  return k == collective_kind::allgatherv || k == collective_kind::alltoallv;
+}
+
+/// Elements of chunk c of a block of `total` elements cut in pieces of `per`.
+inline std::size_t v_piece(std::size_t total, std::size_t per, std::size_t c) noexcept {
+  const std::size_t from = std::min(total, c * per);
+  return std::min(per, total - from);
 }
 
 /// Elements of each rank's piece in one staged chunk (of the whole buffer for
 /// allreduce, broadcast, reduce, send, recv). invalid_argument when a
 /// `chunk_bytes` slot cannot hold one element of every rank.
 inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int size, std::size_t chunk_bytes) {
-  const std::size_t rows = per_rank_pieces(k) ? static_cast<std::size_t>(std::max(1, size)) : 1;
+  // alltoallv's slot holds what goes out and what comes in, one row per rank each.
+  const std::size_t ranks = static_cast<std::size_t>(std::max(1, size));
+  const std::size_t rows = k == collective_kind::alltoallv ? 2 * ranks : per_rank_pieces(k) ? ranks : 1;
   const std::size_t row_bytes = size_of(t) * rows;
   const std::size_t per = chunk_bytes / row_bytes;
   if (per == 0) {
@@ -87,7 +111,10 @@ inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int si
 }
 
 /// One call as the plan sees it (arguments already checked). `root`: the
-/// rooted ones' root, send's / recv's peer.
+/// rooted ones' root, send's / recv's peer. The v-variants: `count` is the
+/// largest block any rank sends or receives (all ranks must agree on it: it
+/// sets the number of chunks), counts / displs the send side (allgatherv: every
+/// rank's), rcounts / rdispls alltoallv's receive side (size entries each).
 struct staged_call {
   collective_kind kind = collective_kind::allreduce;
   int rank = 0;
@@ -96,14 +123,93 @@ struct staged_call {
   std::size_t count = 0;      ///< elements (per rank for the per-rank collectives)
   std::size_t elem = 1;       ///< bytes per element
   std::size_t per_chunk = 1;  ///< staged_chunk_elems
+  const std::size_t* counts = nullptr;
+  const std::size_t* displs = nullptr;
+  const std::size_t* rcounts = nullptr;
+  const std::size_t* rdispls = nullptr;
 
   std::size_t chunks() const noexcept { return per_chunk ? (count + per_chunk - 1) / per_chunk : 0; }
 };
+
+/// The v-variants' arrays as the caller passed them (size entries each; an
+/// in-place alltoallv passes its recv arrays as the send ones too).
+struct v_args {
+  const std::size_t* counts = nullptr;   ///< allgatherv: every rank's count; alltoallv: send counts
+  const std::size_t* displs = nullptr;   ///< their displacements (elements)
+  const std::size_t* rcounts = nullptr;  ///< alltoallv: recv counts
+  const std::size_t* rdispls = nullptr;  ///< alltoallv: recv displacements
+  template <class Call>
+  void apply(Call& c) const {
+    c.counts = counts;
+    c.displs = displs;
+    c.rcounts = rcounts;
+    c.rdispls = rdispls;
+  }
+};
+
+/// The largest block of a v-variant call, which sets its number of chunks on
+/// every rank: allgatherv's from its counts (equal on all ranks); alltoallv's
+/// agreed with an allreduce(max) on `agree` (each rank knows only its own).
+template <class Comm>
+result<std::size_t> v_largest_block(collective_kind k, const v_args& va, int size, Comm* agree) {
+  std::uint64_t m = 0;
+  for (int r = 0; r < size; ++r) {
+    m = std::max<std::uint64_t>(m, va.counts[r]);
+    if (k == collective_kind::alltoallv) m = std::max<std::uint64_t>(m, va.rcounts[r]);
+  }
+  if (k == collective_kind::alltoallv) CCLITE_TRY(agree->allreduce(&m, &m, 1, dtype::uint64, reduce_op::max));
+  return static_cast<std::size_t>(m);
+}
+
+/// The host call's counts and displacements (elements, from the slot) for
+/// chunk c of a v-variant; `per` is the row length. Filled by staged_v_counts.
+struct staged_v_chunk {
+  std::size_t per = 0;
+  std::vector<std::size_t> counts, displs, rcounts, rdispls;
+};
+
+/// Chunk c's pieces of every block: allgatherv row r = rank r's piece;
+/// alltoallv rows 0..size-1 go out, rows size..2 size-1 come in. Does not
+/// allocate once `out` has held size entries.
+inline void staged_v_counts(const staged_call& call, std::size_t c, staged_v_chunk& out) {
+  const std::size_t n = static_cast<std::size_t>(call.size), per = call.per_chunk;
+  out.per = per;
+  out.counts.resize(n);
+  out.displs.resize(n);
+  out.rcounts.resize(n);
+  out.rdispls.resize(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    out.counts[r] = v_piece(call.counts[r], per, c);
+    out.displs[r] = r * per;
+    out.rcounts[r] = call.rcounts ? v_piece(call.rcounts[r], per, c) : 0;
+    out.rdispls[r] = r * per;  // from the slot's second half (alltoallv)
+  }
+}
 
 /// Calls `v` for the steps of chunk `c` of `call` (see the file comment).
 template <class Visitor>
 void staged_chunk_plan(const staged_call& call, std::size_t c, Visitor& v) {
   const collective_kind k = call.kind;
+  if (is_v(k)) {
+    // One row per rank (and alltoallv's incoming rows after them), each as
+    // long as that block's piece of this chunk: a copy per non-empty row.
+    const std::size_t es = call.elem, per = call.per_chunk, row = per * es, n = static_cast<std::size_t>(call.size);
+    const std::size_t me = static_cast<std::size_t>(call.rank);
+    const std::size_t at = c * per;  // the chunk's element offset in each block
+    if (k == collective_kind::allgatherv) {
+      if (const std::size_t w = v_piece(call.counts[me], per, c) * es) v.down(me * row, at * es, 0, w, 1);
+    } else {
+      for (std::size_t p = 0; p < n; ++p)
+        if (const std::size_t w = v_piece(call.counts[p], per, c) * es) v.down(p * row, (call.displs[p] + at) * es, 0, w, 1);
+    }
+    v.host(0, me * row);
+    const std::size_t* cnt = k == collective_kind::allgatherv ? call.counts : call.rcounts;
+    const std::size_t* dsp = k == collective_kind::allgatherv ? call.displs : call.rdispls;
+    const std::size_t in = k == collective_kind::allgatherv ? 0 : n * row;  // where incoming rows start
+    for (std::size_t q = 0; q < n; ++q)
+      if (const std::size_t w = v_piece(cnt[q], per, c) * es) v.up((dsp[q] + at) * es, 0, in + q * row, w, 1);
+    return;
+  }
   const bool is_root = call.rank == call.root;
   const std::size_t off = c * call.per_chunk * call.elem;  // the chunk's byte offset in each rank's block
   const std::size_t n = std::min(call.per_chunk, call.count - c * call.per_chunk);
@@ -134,12 +240,22 @@ void staged_chunk_plan(const staged_call& call, std::size_t c, Visitor& v) {
 
 /// The CPU call of one chunk, in place on the slot `h` (`count` elements per
 /// rank; this rank's piece at its row for the per-rank collectives).
+/// The v-variants take their counts from `vc` (staged_v_counts).
 template <class Comm>
 status staged_host_call(Comm& c, collective_kind k, unsigned char* h, std::size_t count, dtype t, reduce_op op,
-                        int root) {
+                        int root, const staged_v_chunk* vc = nullptr) {
   unsigned char* mine = h + (per_rank_pieces(k) ? static_cast<std::size_t>(c.rank()) * count * size_of(t) : 0);
   const bool is_root = c.rank() == root;
+  if (is_v(k) && !vc) return make_error(errc::invalid_argument, "%s: staged chunk without its counts", to_string(k));
   switch (k) {
+    case collective_kind::allgatherv: {
+      const std::size_t me = static_cast<std::size_t>(c.rank());
+      return c.allgatherv(h + vc->displs[me] * size_of(t), vc->counts[me], h, vc->counts.data(), vc->displs.data(), t);
+    }
+    case collective_kind::alltoallv:
+      return c.alltoallv(h, vc->counts.data(), vc->displs.data(),
+                         h + static_cast<std::size_t>(c.size()) * vc->per * size_of(t), vc->rcounts.data(),
+                         vc->rdispls.data(), t);
     case collective_kind::allreduce: return c.allreduce(h, h, count, t, op);
     case collective_kind::broadcast: return c.broadcast(h, count, t, root);
     case collective_kind::reduce: return c.reduce(h, is_root ? h : nullptr, count, t, op, root);

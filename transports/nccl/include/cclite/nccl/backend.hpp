@@ -254,6 +254,61 @@ class backend {
     return rooted_group(false, send, recv, count, t, root, stream);
   }
 
+  /// Rank r's send (counts[r] elements; `send_count` here) lands at recv +
+  /// displs[r] on every rank (size entries each, equal on all ranks). Grouped
+  /// ncclSend / ncclRecv. In place: send == recv + displs[rank].
+  status allgatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
+                    const std::size_t* displs, dtype t, cudaStream_t stream) {
+    if (!counts || !displs) return make_error(errc::invalid_argument, "allgatherv: null counts or displacements");
+    CCLITE_TRY(check_buffers("allgatherv", send ? send : recv, recv, recv ? 1 : 0));
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    const std::size_t es = size_of(t);
+    const bool in_place = send == static_cast<const char*>(recv) + displs[rank_] * es;
+    return run("ncclGroupEnd (allgatherv)", [&] {
+      auto fine = [](ncclResult_t x) { return x == ncclSuccess || x == ncclInProgress; };
+      ncclResult_t e = ncclGroupStart();
+      for (int p = 0; p < size_ && fine(e); ++p) {
+        if (p == rank_ && in_place) continue;
+        if (send_count) e = ncclSend(send, send_count, dt.value(), p, comm_, stream);
+        if (fine(e) && counts[p]) e = ncclRecv(static_cast<char*>(recv) + displs[p] * es, counts[p], dt.value(), p, comm_, stream);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return fine(e) ? end : e;
+    });
+  }
+
+  /// Block p of send (send_counts[p] elements at send_displs[p]) goes to rank p,
+  /// arriving at its recv + recv_displs[rank]. Grouped ncclSend / ncclRecv; not
+  /// in place (send == recv is invalid_argument: the group would overwrite
+  /// blocks not yet sent).
+  status alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
+                   const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t, cudaStream_t stream) {
+    if (!send_counts || !send_displs || !recv_counts || !recv_displs) {
+      return make_error(errc::invalid_argument, "alltoallv: null counts or displacements");
+    }
+    if (send == recv) return make_error(errc::invalid_argument, "alltoallv: in place is not offered on NCCL");
+    // A rank with nothing to send or receive may pass null there.
+    CCLITE_TRY(check_buffers("alltoallv", send ? send : recv, recv ? recv : send, send || recv ? 1 : 0));
+    auto dt = to_nccl(t);
+    if (!dt) return dt.error();
+    const std::size_t es = size_of(t);
+    return run("ncclGroupEnd (alltoallv)", [&] {
+      auto fine = [](ncclResult_t x) { return x == ncclSuccess || x == ncclInProgress; };
+      ncclResult_t e = ncclGroupStart();
+      for (int p = 0; p < size_ && fine(e); ++p) {
+        if (send_counts[p]) {
+          e = ncclSend(static_cast<const char*>(send) + send_displs[p] * es, send_counts[p], dt.value(), p, comm_, stream);
+        }
+        if (fine(e) && recv_counts[p]) {
+          e = ncclRecv(static_cast<char*>(recv) + recv_displs[p] * es, recv_counts[p], dt.value(), p, comm_, stream);
+        }
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return fine(e) ? end : e;
+    });
+  }
+
   /// Point to point; the peer must make the matching recv / send.
   status send(const void* buf, std::size_t count, dtype t, int peer, cudaStream_t stream) {
     CCLITE_TRY(check_root("send", peer));
