@@ -392,6 +392,15 @@ TEST_CASE("device_communicator argument checks need no device") {
     v.counts = nullptr;
     CHECK(bad(check_device_call(v, 1, 2), "null counts"));
   }
+  // sendrecv: to itself only while also receiving from itself.
+  {
+    op_desc sr = call(collective_kind::sendrecv, x, x, 4, f32, sum, 1);
+    sr.peer2 = 0;
+    sr.count2 = 4;
+    CHECK(bad(check_device_call(sr, 1, 2), "cannot send to itself without receiving from itself"));
+    sr.peer2 = 1;
+    CHECK(check_device_call(sr, 1, 2).ok());
+  }
   // send / recv: `root` is the peer.
   CHECK(check_device_call(call(collective_kind::send, x, nullptr, 4, f32, sum, 0), 1, 2).ok());
   CHECK(bad(check_device_call(call(collective_kind::send, x, nullptr, 4, f32, sum, 2), 1, 2), "send: peer 2"));
@@ -807,7 +816,7 @@ struct staged_sim {
     for (std::size_t r = 0; r < rows; ++r) std::memcpy(slot.data() + slot_off + r * width, src + src_off + r * src_pitch, width);
   }
   void host(std::size_t n, std::size_t) {
-    if (cuda::detail::is_v(call.kind)) cuda::detail::staged_v_counts(call, c, vc);
+    if (cuda::detail::counts_per_chunk(call.kind)) cuda::detail::staged_v_counts(call, c, vc);
     if (st.ok()) st = cuda::detail::staged_host_call(comm, call.kind, slot.data(), n, t, op, call.root, &vc);
   }
   void up(std::size_t dst_off, std::size_t dst_pitch, std::size_t slot_off, std::size_t width, std::size_t rows) {
@@ -820,7 +829,7 @@ struct staged_sim {
 template <class Comm>
 status run_staged(Comm& comm, collective_kind kind, dtype t, reduce_op op, int root, std::size_t count,
                   std::size_t chunk_bytes, const unsigned char* send, unsigned char* recv,
-                  const v_layout* v = nullptr) {
+                  const v_layout* v = nullptr, std::size_t count2 = 0, int peer2 = 0) {
   auto per = cuda::detail::staged_chunk_elems(kind, t, comm.size(), chunk_bytes);
   if (!per) return per.error();
   cuda::detail::staged_call call;
@@ -832,6 +841,8 @@ status run_staged(Comm& comm, collective_kind kind, dtype t, reduce_op op, int r
   call.elem = size_of(t);
   call.per_chunk = per.value();
   if (v) call.counts = v->sc.data(), call.displs = v->sd.data(), call.rcounts = v->rc.data(), call.rdispls = v->rd.data();
+  call.count2 = count2;  // sendrecv
+  call.peer2 = peer2;
   std::vector<unsigned char> slot(chunk_bytes, 0xee);
   staged_sim<Comm> sim{comm, call, t, op, send, recv, slot, {}};
   for (std::size_t c = 0; c < call.chunks() && sim.st.ok(); ++c) {
@@ -894,7 +905,23 @@ TEST_CASE("staged path: its plan, with a real CPU communicator, gives every coll
               }
               ++cases;
             }
-      MP_CHECK(cases == (rank > 1 ? 160 : 176));
+      // sendrecv: a ring shift, each rank sending a different count, so the two
+      // directions of one rank's call run out at different chunks.
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{100}, std::size_t{1237}}) {
+        const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+        const std::size_t out = count + 40 * static_cast<std::size_t>(rank);
+        const std::size_t in = count + 40 * static_cast<std::size_t>(prev);
+        const auto x = gpu_test::input(dtype::float32, out, rank);
+        std::vector<unsigned char> got(in * 4, 0x5a);
+        MP_REQUIRE_OK(run_staged(*comm, collective_kind::sendrecv, dtype::float32, reduce_op::sum, next, out, 256,
+                                 x.data(), got.data(), nullptr, in, prev));
+        if (got != gpu_test::input(dtype::float32, in, prev)) {
+          std::fprintf(stderr, "rank %d: staged sendrecv, %d ranks, %zu out / %zu in: wrong result\n", rank, n, out, in);
+          MP_CHECK(false);
+        }
+        ++cases;
+      }
+      MP_CHECK(cases == (rank > 1 ? 164 : 180));
       return 0;
     }, std::chrono::seconds(120), [size](int rank) { test::set_net_env(test::net::shm_only, rank, size); });
     CHECK_MESSAGE(r.all_ok(), r.describe());

@@ -18,8 +18,7 @@
 //
 // Device buffers are taken by every collective and send / recv on the device
 // communicator's engine (send / recv through pinned host memory on the native
-// engine, as device_communicator says). sendrecv on device buffers is
-// unsupported, with a message naming what offers it; a host buffer and a device buffer in one call are invalid_argument. Blocking
+// engine, as device_communicator says); sendrecv too. A host buffer and a device buffer in one call are invalid_argument. Blocking
 // and _async alike (the _async forms run the call before they return).
 // Stream-ordered work stays with `device()` (device_communicator's forms
 // taking a cudaStream_t).
@@ -86,12 +85,13 @@ class device_buffers final : public device_hook {
       case collective_kind::allgatherv: return dc.allgatherv(d.send, d.count, d.recv, d.counts, d.displs, d.type);
       case collective_kind::alltoallv:
         return dc.alltoallv(d.send, d.counts, d.displs, d.recv, d.rcounts, d.rdispls, d.type);
+      case collective_kind::sendrecv:
+        return dc.sendrecv(d.send, d.count, d.root, d.recv, d.count2, d.peer2, d.type);
       case collective_kind::send: return dc.send(d.send, d.count, d.type, d.root);
       case collective_kind::recv: return dc.recv(d.recv, d.count, d.type, d.root);
       default:
         return make_error(errc::unsupported,
-                          "rank %d: %s on device buffers is not offered yet (cclite::nccl::backend has "
-                          "sendrecv on device buffers; or use send and recv, or copy to host memory first)",
+                          "rank %d: %s on device buffers is not offered (copy to host memory first)",
                           comm_->rank(), to_string(d.kind));
     }
   }

@@ -13,8 +13,8 @@
 // gather, scatter and alltoall(v), with the CPU communicator's semantics and arguments
 // (counts in elements, per rank for all but the first three; the same in-place
 // forms, except alltoall's on NCCL; reduce's and gather's recv and scatter's
-// send only on the root), allgatherv / alltoallv, and send / recv (`root` =
-// the peer). Not here: sendrecv (nccl::backend has it). Two engines, chosen once in create() (CCLITE_GPU_BACKEND, or
+// send only on the root), allgatherv / alltoallv, and send / recv / sendrecv.
+// Two engines, chosen once in create() (CCLITE_GPU_BACKEND, or
 // device_options::backend):
 //   nccl    cclite::nccl::backend (built with cclite::nccl); the unique id goes
 //           out over the CPU communicator. NCCL allows one rank per GPU.
@@ -142,6 +142,10 @@ inline status check_device_call(const op_desc& d, int rank, int size) {
       s = make_error(errc::invalid_argument, "%s: null %s buffer on the root (rank %d) with count %zu", name,
                      everyone_sends ? "recv" : "send", rank, d.count);
     }
+  }
+  if (s.ok() && d.kind == collective_kind::sendrecv && (d.root == rank) != (d.peer2 == rank)) {
+    s = make_error(errc::invalid_argument, "sendrecv: a rank cannot send to itself without receiving from itself "
+                   "(dst %d, src %d)", d.root, d.peer2);
   }
   if (s.ok() && d.kind == collective_kind::allgatherv && d.counts[rank] != d.count) {
     s = make_error(errc::invalid_argument, "allgatherv: send count %zu differs from counts[%d] = %zu", d.count, rank,
@@ -331,6 +335,18 @@ class device_communicator {
     return enqueue(collective_kind::recv, nullptr, buf, count, t, reduce_op::sum, peer, stream);
   }
 
+  /// Sends `send_count` elements to `dst` and receives `recv_count` from `src`
+  /// at the same time (a ring shift cannot deadlock), as the CPU communicator's
+  /// sendrecv; dst == src == rank() is a copy. Native engine: the staged path,
+  /// chunk by chunk. NCCL: one group of ncclSend / ncclRecv.
+  status sendrecv(const void* send, std::size_t send_count, int dst, void* recv, std::size_t recv_count, int src,
+                  dtype t, cudaStream_t stream) {
+    detail::v_args va;
+    va.count2 = recv_count;
+    va.peer2 = src;
+    return enqueue(collective_kind::sendrecv, send, recv, send_count, t, reduce_op::sum, dst, stream, va);
+  }
+
   // ---- blocking: host or device buffers, routed by where they live --------------
 
   status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
@@ -401,6 +417,13 @@ class device_communicator {
                   [&](cudaStream_t s) {
                     return alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t, s);
                   });
+  }
+
+  status sendrecv(const void* send, std::size_t send_count, int dst, void* recv, std::size_t recv_count, int src,
+                  dtype t) {
+    return routed("sendrecv", send_count ? send : nullptr, recv_count ? recv : nullptr,
+                  [&] { return host_->sendrecv(send, send_count, dst, recv, recv_count, src, t); },
+                  [&](cudaStream_t s) { return sendrecv(send, send_count, dst, recv, recv_count, src, t, s); });
   }
 
   status send(const void* buf, std::size_t count, dtype t, int peer) {
@@ -528,13 +551,15 @@ class device_communicator {
     CCLITE_TRY(failure());
     op_desc d = op_desc::of(k, send, recv, count, t, op, root);
     va.apply(d);
+    d.count2 = va.count2;
+    d.peer2 = va.peer2;
     CCLITE_TRY(detail::check_device_call(d, rank(), size()));
     if (k == collective_kind::alltoallv && send == recv) {  // MPI_IN_PLACE: the recv arrays both ways
       va.counts = va.rcounts;
       va.displs = va.rdispls;
     }
     // The v-variants go on even with nothing here: the others may have blocks.
-    if (count == 0 && !detail::is_v(k)) return status();
+    if (count == 0 && va.count2 == 0 && !detail::is_v(k)) return status();
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
     if (nccl_) {
       switch (k) {
@@ -564,13 +589,15 @@ class device_communicator {
                               rank());
           }
           return nccl_->alltoallv(send, va.counts, va.displs, recv, va.rcounts, va.rdispls, t, stream);
+        case collective_kind::sendrecv:
+          return nccl_->sendrecv(send, count, root, recv, va.count2, va.peer2, t, stream);
         case collective_kind::send: return nccl_->send(send, count, t, root, stream);
         case collective_kind::recv: return nccl_->recv(recv, count, t, root, stream);
         default: return make_error(errc::invalid_argument, "device %s: not offered", to_string(k));
       }
     }
 #endif
-    const bool p2p = k == collective_kind::send || k == collective_kind::recv;
+    const bool p2p = k == collective_kind::send || k == collective_kind::recv || k == collective_kind::sendrecv;
     if (ipc_ && !p2p) return ipc_->enqueue(k, send, recv, count, t, op, root, stream, va);
     return staged_->enqueue(k, send, recv, count, t, op, root, stream, va);
   }

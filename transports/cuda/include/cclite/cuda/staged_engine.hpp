@@ -151,7 +151,7 @@ class staged_engine {
       if (!m) return fail(m.error());
       count = m.value();
     }
-    if (count == 0) return status();
+    if (count == 0 && va.count2 == 0) return status();
     staged_call call;
     call.kind = k;
     call.rank = rank();
@@ -161,6 +161,8 @@ class staged_engine {
     call.elem = size_of(t);
     call.per_chunk = per.value();
     va.apply(call);
+    call.count2 = va.count2;
+    call.peer2 = va.peer2;
     const char* name = to_string(k);
     // Runs the plan's steps (staged_plan.hpp) for one slot; the first error is kept.
     struct runner {
@@ -197,7 +199,7 @@ class staged_engine {
           return;
         }
         job& jb = *this->jb;
-        if (is_v(call.kind)) staged_v_counts(call, c, jb.v);
+        if (counts_per_chunk(call.kind)) staged_v_counts(call, c, jb.v);
         jb.self = &e;
         jb.host = slot();
         jb.count = n;

@@ -40,6 +40,9 @@
 //   alltoallv       the outgoing pieces -> rows 0..size-1, alltoallv from them
 //                   into rows size..2 size-1, those -> recv (a copy per row);
 //                   in place (send == recv) with the recv counts both ways
+//   sendrecv        the send chunk -> row 0, sendrecv, row 1 -> the recv chunk;
+//                   as many chunks as the longer direction needs (the other's
+//                   parts zero-length after it ran out)
 //   send / recv     sender: send chunk -> slot, then the CPU send; receiver: the
 //                   CPU recv, then slot -> recv chunk. Chunks match in order (both
 //                   sides cut `count` alike), and the CPU send / recv rules hold:
@@ -98,7 +101,10 @@ inline std::size_t v_piece(std::size_t total, std::size_t per, std::size_t c) no
 inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int size, std::size_t chunk_bytes) {
   // alltoallv's slot holds what goes out and what comes in, one row per rank each.
   const std::size_t ranks = static_cast<std::size_t>(std::max(1, size));
-  const std::size_t rows = k == collective_kind::alltoallv ? 2 * ranks : per_rank_pieces(k) ? ranks : 1;
+  const std::size_t rows = k == collective_kind::alltoallv   ? 2 * ranks
+                           : per_rank_pieces(k)               ? ranks
+                           : k == collective_kind::sendrecv ? 2  // what goes out, what comes in
+                                                            : 1;
   const std::size_t row_bytes = size_of(t) * rows;
   const std::size_t per = chunk_bytes / row_bytes;
   if (per == 0) {
@@ -127,17 +133,29 @@ struct staged_call {
   const std::size_t* displs = nullptr;
   const std::size_t* rcounts = nullptr;
   const std::size_t* rdispls = nullptr;
+  std::size_t count2 = 0;  ///< sendrecv: elements received (`count`: sent, `root`: the destination)
+  int peer2 = 0;           ///< sendrecv: the source
 
-  std::size_t chunks() const noexcept { return per_chunk ? (count + per_chunk - 1) / per_chunk : 0; }
+  std::size_t chunks() const noexcept {
+    const std::size_t most = std::max(count, count2);
+    return per_chunk ? (most + per_chunk - 1) / per_chunk : 0;
+  }
 };
 
+/// The chunk's host call takes its counts from a staged_v_chunk: the
+/// v-variants, and sendrecv (whose two directions run out at different chunks).
+inline bool counts_per_chunk(collective_kind k) noexcept { return is_v(k) || k == collective_kind::sendrecv; }
+
 /// The v-variants' arrays as the caller passed them (size entries each; an
-/// in-place alltoallv passes its recv arrays as the send ones too).
+/// in-place alltoallv passes its recv arrays as the send ones too), and
+/// sendrecv's receive side.
 struct v_args {
   const std::size_t* counts = nullptr;   ///< allgatherv: every rank's count; alltoallv: send counts
   const std::size_t* displs = nullptr;   ///< their displacements (elements)
   const std::size_t* rcounts = nullptr;  ///< alltoallv: recv counts
   const std::size_t* rdispls = nullptr;  ///< alltoallv: recv displacements
+  std::size_t count2 = 0;                 ///< sendrecv: elements received
+  int peer2 = 0;                          ///< sendrecv: the source
   template <class Call>
   void apply(Call& c) const {
     c.counts = counts;
@@ -166,6 +184,7 @@ result<std::size_t> v_largest_block(collective_kind k, const v_args& va, int siz
 struct staged_v_chunk {
   std::size_t per = 0;
   std::vector<std::size_t> counts, displs, rcounts, rdispls;
+  int peer2 = 0;  ///< sendrecv's source (its counts: counts[0] out, rcounts[0] in)
 };
 
 /// Chunk c's pieces of every block: allgatherv row r = rank r's piece;
@@ -174,10 +193,16 @@ struct staged_v_chunk {
 inline void staged_v_counts(const staged_call& call, std::size_t c, staged_v_chunk& out) {
   const std::size_t n = static_cast<std::size_t>(call.size), per = call.per_chunk;
   out.per = per;
+  out.peer2 = call.peer2;
   out.counts.resize(n);
   out.displs.resize(n);
   out.rcounts.resize(n);
   out.rdispls.resize(n);
+  if (call.kind == collective_kind::sendrecv) {
+    out.counts[0] = v_piece(call.count, per, c);
+    out.rcounts[0] = v_piece(call.count2, per, c);
+    return;
+  }
   for (std::size_t r = 0; r < n; ++r) {
     out.counts[r] = v_piece(call.counts[r], per, c);
     out.displs[r] = r * per;
@@ -208,6 +233,14 @@ void staged_chunk_plan(const staged_call& call, std::size_t c, Visitor& v) {
     const std::size_t in = k == collective_kind::allgatherv ? 0 : n * row;  // where incoming rows start
     for (std::size_t q = 0; q < n; ++q)
       if (const std::size_t w = v_piece(cnt[q], per, c) * es) v.up((dsp[q] + at) * es, 0, in + q * row, w, 1);
+    return;
+  }
+  if (k == collective_kind::sendrecv) {
+    // Row 0 goes out, row 1 comes in; either runs out first (a zero-length part).
+    const std::size_t es = call.elem, per = call.per_chunk, at = c * per * es;
+    if (const std::size_t w = v_piece(call.count, per, c) * es) v.down(0, at, 0, w, 1);
+    v.host(0, 0);
+    if (const std::size_t w = v_piece(call.count2, per, c) * es) v.up(at, 0, per * es, w, 1);
     return;
   }
   const bool is_root = call.rank == call.root;
@@ -246,8 +279,10 @@ status staged_host_call(Comm& c, collective_kind k, unsigned char* h, std::size_
                         int root, const staged_v_chunk* vc = nullptr) {
   unsigned char* mine = h + (per_rank_pieces(k) ? static_cast<std::size_t>(c.rank()) * count * size_of(t) : 0);
   const bool is_root = c.rank() == root;
-  if (is_v(k) && !vc) return make_error(errc::invalid_argument, "%s: staged chunk without its counts", to_string(k));
+  if (counts_per_chunk(k) && !vc) return make_error(errc::invalid_argument, "%s: staged chunk without its counts", to_string(k));
   switch (k) {
+    case collective_kind::sendrecv:
+      return c.sendrecv(h, vc->counts[0], root, h + vc->per * size_of(t), vc->rcounts[0], vc->peer2, t);
     case collective_kind::allgatherv: {
       const std::size_t me = static_cast<std::size_t>(c.rank());
       return c.allgatherv(h + vc->displs[me] * size_of(t), vc->counts[me], h, vc->counts.data(), vc->displs.data(), t);
