@@ -550,7 +550,10 @@ class device_communicator {
                  int root, cudaStream_t stream, detail::v_args va = {}) {
     CCLITE_TRY(failure());
     op_desc d = op_desc::of(k, send, recv, count, t, op, root);
-    va.apply(d);
+    d.counts = va.counts;
+    d.displs = va.displs;
+    d.rcounts = va.rcounts;
+    d.rdispls = va.rdispls;
     d.count2 = va.count2;
     d.peer2 = va.peer2;
     CCLITE_TRY(detail::check_device_call(d, rank(), size()));

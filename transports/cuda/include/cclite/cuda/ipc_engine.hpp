@@ -164,15 +164,8 @@ class ipc_engine {
     }
     if (count == 0) return status();
     ipc_call call;
-    call.kind = k;
-    call.rank = rank();
-    call.size = size();
-    call.root = root;
-    call.count = count;
-    call.elem = size_of(t);
-    call.per_chunk = per.value();
+    describe_call(call, k, rank(), size(), root, count, t, per.value(), va);
     call.own_block_in_place = own_block_in_place(k, send, recv, count * call.elem, rank(), root);
-    va.apply(call);
     if (k == collective_kind::allgatherv) {
       call.own_block_in_place = send == static_cast<const unsigned char*>(recv) + va.displs[rank()] * call.elem;
     }

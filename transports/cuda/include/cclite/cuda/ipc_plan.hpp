@@ -56,25 +56,11 @@ inline std::size_t ipc_align_elems(std::size_t elem) noexcept { return std::max<
 enum ipc_event_kind : int { ipc_in = 0, ipc_red = 1, ipc_done = 2 };
 
 /// One call as the plan sees it (every rank's view, arguments already checked).
-struct ipc_call {
-  collective_kind kind = collective_kind::allreduce;
-  int rank = 0;
-  int size = 1;
-  int root = 0;
-  std::size_t count = 0;      ///< elements (per rank for allgather / reduce_scatter)
-  std::size_t elem = 1;       ///< bytes per element
-  std::size_t per_chunk = 1;  ///< elements per chunk (staged_chunk_elems)
-  /// This rank's own block needs no copy: allgather with send == recv + rank *
-  /// count, gather's root with the same, scatter's root with recv == send +
+struct ipc_call : staged_call {
+  /// This rank's own block needs no copy: allgather(v) with send == recv + its
+  /// offset, gather's root with the same, scatter's root with recv == send +
   /// root * count (the communicator's in-place forms).
   bool own_block_in_place = false;
-  /// The v-variants (staged_call's meaning): `count` is the largest block.
-  const std::size_t* counts = nullptr;
-  const std::size_t* displs = nullptr;
-  const std::size_t* rcounts = nullptr;
-  const std::size_t* rdispls = nullptr;
-
-  std::size_t chunks() const noexcept { return per_chunk ? (count + per_chunk - 1) / per_chunk : 0; }
 };
 
 /// ipc_call::own_block_in_place for a call with `block` bytes per rank.

@@ -153,16 +153,7 @@ class staged_engine {
     }
     if (count == 0 && va.count2 == 0) return status();
     staged_call call;
-    call.kind = k;
-    call.rank = rank();
-    call.size = size();
-    call.root = root;
-    call.count = count;
-    call.elem = size_of(t);
-    call.per_chunk = per.value();
-    va.apply(call);
-    call.count2 = va.count2;
-    call.peer2 = va.peer2;
+    describe_call(call, k, rank(), size(), root, count, t, per.value(), va);
     const char* name = to_string(k);
     // Runs the plan's steps (staged_plan.hpp) for one slot; the first error is kept.
     struct runner {

@@ -116,7 +116,8 @@ inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int si
   return per;
 }
 
-/// One call as the plan sees it (arguments already checked). `root`: the
+/// One call as the plans see it (arguments already checked; ipc_plan.hpp's
+/// ipc_call adds one field). `root`: the
 /// rooted ones' root, send's / recv's peer. The v-variants: `count` is the
 /// largest block any rank sends or receives (all ranks must agree on it: it
 /// sets the number of chunks), counts / displs the send side (allgatherv: every
@@ -156,14 +157,26 @@ struct v_args {
   const std::size_t* rdispls = nullptr;  ///< alltoallv: recv displacements
   std::size_t count2 = 0;                 ///< sendrecv: elements received
   int peer2 = 0;                          ///< sendrecv: the source
-  template <class Call>
-  void apply(Call& c) const {
-    c.counts = counts;
-    c.displs = displs;
-    c.rcounts = rcounts;
-    c.rdispls = rdispls;
-  }
 };
+
+/// The common fields of a call, and the v-variants' / sendrecv's.
+template <class Call>
+void describe_call(Call& c, collective_kind k, int rank, int size, int root, std::size_t count, dtype t,
+                   std::size_t per_chunk, const v_args& va) {
+  c.kind = k;
+  c.rank = rank;
+  c.size = size;
+  c.root = root;
+  c.count = count;
+  c.elem = size_of(t);
+  c.per_chunk = per_chunk;
+  c.counts = va.counts;
+  c.displs = va.displs;
+  c.rcounts = va.rcounts;
+  c.rdispls = va.rdispls;
+  c.count2 = va.count2;
+  c.peer2 = va.peer2;
+}
 
 /// The largest block of a v-variant call, which sets its number of chunks on
 /// every rank: allgatherv's from its counts (equal on all ranks); alltoallv's
