@@ -31,12 +31,14 @@
 #   device_comm_gpu      cclite::cuda::device_communicator: 2 processes sharing the GPU
 #                        (native engine, both paths: CUDA IPC (ipc_engine.hpp) and host
 #                        staging; each: stream-ordered allreduce of every dtype x op;
-#                        broadcast, reduce, allgather, reduce_scatter of every dtype (x op),
-#                        stream-ordered and blocking, several staging chunks per call; all
-#                        five back to back on one stream; argument checks and the host
+#                        broadcast, reduce, allgather, reduce_scatter, gather, scatter,
+#                        alltoall of every dtype (x op), stream-ordered and blocking,
+#                        several staging chunks per call; allgatherv / alltoallv ragged;
+#                        send / recv / sendrecv; five back to back on one stream;
+#                        device_buffers in the communicator; argument checks and the host
 #                        path; the call returning while the stream is busy, the blocking
 #                        form routed by pointer; auto -> native over IPC; 256 MiB busbw
-#                        of each path), then 1
+#                        of each path; GPU 0's NVLinks per NVML), then 1
 #                        process with the NCCL engine (the same collective checks)
 #   data_parallel_gpu    train::data_parallel on device gradients (cuda/device_data_parallel.hpp):
 #                        2 processes sharing the GPU train a cuBLAS network 20 steps, parameters
