@@ -20,14 +20,14 @@ inline double input(int rank, std::size_t i) { return static_cast<double>(rank +
 
 template <class T>
 T from_double(double v) {
-  if constexpr (std::is_same_v<T, half>) return to_half(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(static_cast<float>(v));
+  if constexpr (std::is_same_v<T, cclite::half>) return to_half(static_cast<float>(v));
+  else if constexpr (std::is_same_v<T, cclite::bfloat16>) return to_bfloat16(static_cast<float>(v));
   else return static_cast<T>(v);
 }
 
 template <class T>
 double to_double(T v) {
-  if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) return to_float(v);
+  if constexpr (std::is_same_v<T, cclite::half> || std::is_same_v<T, cclite::bfloat16>) return to_float(v);
   else return static_cast<double>(v);
 }
 
@@ -71,8 +71,8 @@ auto by_dtype(dtype t, F&& f) {
     case dtype::uint32: return f(std::uint32_t{});
     case dtype::int64: return f(std::int64_t{});
     case dtype::uint64: return f(std::uint64_t{});
-    case dtype::float16: return f(half{});
-    case dtype::bfloat16: return f(bfloat16{});
+    case dtype::float16: return f(cclite::half{});
+    case dtype::bfloat16: return f(cclite::bfloat16{});
     case dtype::float32: return f(float{});
     case dtype::float64: return f(double{});
   }

@@ -136,6 +136,13 @@ if(TARGET train_fashion_mnist_cuda AND TARGET cclite-run)
     COMMAND ${CMAKE_CURRENT_LIST_DIR}/train_cuda.sh $<TARGET_FILE:train_fashion_mnist_cuda> $<TARGET_FILE:cclite-run>)
   set_tests_properties(train_fashion_mnist_cuda PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS "gpu")
 endif()
+# bench/device_allreduce_perf: exit 77 saying "no CUDA device" here; on a GPU, the
+# native engine's two paths on 2 ranks sharing it, every #wrong 0.
+if(TARGET device_allreduce_perf AND TARGET cclite-run)
+  add_test(NAME device_allreduce_perf
+    COMMAND ${CMAKE_CURRENT_LIST_DIR}/device_perf.sh $<TARGET_FILE:device_allreduce_perf> $<TARGET_FILE:cclite-run>)
+  set_tests_properties(device_allreduce_perf PROPERTIES TIMEOUT 300 LABELS "gpu")
+endif()
 foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu device_comm_gpu data_parallel_gpu nccl_gpu
                   nccl_gpu_missing_rank)
   if(TEST ${_gpu_prog})

@@ -45,6 +45,10 @@
 #                        and gradients on the device; rank 0's initial values everywhere, ranks
 #                        bitwise equal, within 1e-4 of a 1-process run; stream-ordered waits
 #                        return while the GPU is busy; host_wait + no_sync micro-batches
+#   device_perf          tests/gpu/device_perf.sh sweep: bench/device_allreduce_perf
+#                        (nccl-tests columns) 1-256 MiB on the native engine's ipc and
+#                        staged paths, 2 ranks sharing the GPU, and NCCL beside them
+#                        when there are 2+ GPUs (CMake build only)
 #   train_cuda           tests/gpu/train_cuda.sh: samples/train_fashion_mnist_cuda, 1 epoch
 #                        on 2 ranks sharing the GPU via cclite-run, test accuracy > 0.8
 #                        (skipped without the dataset: FASHION_MNIST_DIR)
@@ -103,6 +107,11 @@ print_table() {  # results file
   awk '$1=="RESULT" && $2=="devcomm" && $3 !~ /^[a-z]+_(allreduce|broadcast|reduce|allgather|reduce_scatter|gather|scatter|alltoall|send_recv|allgatherv|alltoallv)$/ { $1=""; $2=""; sub(/^  /, ""); print "  " $0 }' "$RES"
   awk '$1=="RESULT" && $2=="devcomm_allreduce_perf" { printf "  stream-ordered native allreduce (%s path) %d MiB float sum, 2 ranks on 1 GPU: %.1f us, algbw %.1f GB/s, busbw %.1f GB/s\n", $3, $4/1048576, $6, $7, $8 }' "$RES"
   echo
+  echo "device_allreduce_perf (bench/, nccl-tests columns; float sum; busbw GB/s out of place / in place; 2 ranks"
+  echo "  share the GPU on the native paths; nccl only with 2+ GPUs, one each):"
+  awk '$1=="RESULT" && $2=="devperf" { printf "  %-14s %d ranks %10d B  %9.1f us  busbw %7.1f / %7.1f  #wrong %d\n", $3, $4, $5, $6, $7, $8, $9; n++ }
+       END { if (!n) print "  (no results)" }' "$RES"
+  echo
   echo "train::data_parallel on device gradients (cuda/device_data_parallel.hpp; 2 processes sharing the GPU, native engine):"
   awk '$1=="RESULT" && $2=="dpgpu" { $1=""; $2=""; sub(/^  /, ""); print "  " $0; n++ } END { if (!n) print "  (no results)" }' "$RES"
   grep -h '^RESULT train_cuda' "$RES" | sed 's/^RESULT train_cuda /  GPU trainer sample (data_parallel + device_comm_adapter): /'
@@ -131,7 +140,7 @@ if command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}
   say "cmake configure (tcp=$tcp, arch=$ARCH)"
   if cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
        -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCCLITE_WITH_TCP=$tcp -DCCLITE_BUILD_SAMPLES=ON \
-       -DCCLITE_BUILD_BENCH=OFF -DCCLITE_BUILD_TOOLS=ON -DCCLITE_HEADER_CHECK=OFF >>"$LOG" 2>&1 &&
+       -DCCLITE_BUILD_BENCH=ON -DCCLITE_BUILD_TOOLS=ON -DCCLITE_HEADER_CHECK=OFF >>"$LOG" 2>&1 &&
      cmake --build "$BUILD" -j"$JOBS" --target cuda_test reduce_kernels_gpu ipc_gpu staging_gpu nccl_gpu >>"$LOG" 2>&1; then
     built_with=cmake
     # Optional parts: a failure here costs only their steps (NOT_BUILT).
@@ -140,6 +149,7 @@ if command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}
       say "data_parallel_gpu not built (needs cuBLAS; see $LOG)"
     cmake --build "$BUILD" -j"$JOBS" --target cclite-run train_fashion_mnist_cuda >>"$LOG" 2>&1 ||
       say "train_fashion_mnist_cuda / cclite-run not built (needs zlib and cuBLAS; see $LOG)"
+    cmake --build "$BUILD" -j"$JOBS" --target device_allreduce_perf >>"$LOG" 2>&1 || say "device_allreduce_perf not built (see $LOG)"
   else
     say "cmake build failed (see $LOG); trying nvcc/g++ directly"
   fi
@@ -206,6 +216,11 @@ run nccl_perf 45 "$BIN/nccl_gpu" perf $((256 << 20))
 run nccl_missing_rank 30 "$BIN/nccl_gpu" missing_rank
 run device_comm_gpu 180 "$BIN/device_comm_gpu"  # both native paths
 run data_parallel_gpu 60 "$BIN/data_parallel_gpu"
+if [ -x "$BIN/device_allreduce_perf" ] && [ -x "$BIN/cclite-run" ]; then
+  run device_perf 240 "$ROOT/tests/gpu/device_perf.sh" "$BIN/device_allreduce_perf" "$BIN/cclite-run" sweep
+else
+  echo "RESULT step device_perf NOT_BUILT" >> "$RES"; say "device_perf: not built (CMake build only)"
+fi
 if [ -x "$BIN/train_fashion_mnist_cuda" ] && [ -x "$BIN/cclite-run" ]; then
   run train_cuda 300 "$ROOT/tests/gpu/train_cuda.sh" "$BIN/train_fashion_mnist_cuda" "$BIN/cclite-run"
 elif [ $built_with = direct ]; then
