@@ -80,108 +80,19 @@
 #include <memory>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include <cclite/collective/op.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
-#include <cclite/core/log.hpp>
-#include <cclite/cuda/device_reduce.hpp>
+#include <cclite/cuda/device_call.hpp>
 #include <cclite/cuda/gpu_backend.hpp>
-#include <cclite/cuda/ipc_engine.hpp>
+#include <cclite/cuda/native_engine.hpp>
+#include <cclite/cuda/nccl_calls.hpp>
 #include <cclite/cuda/runtime.hpp>
-#include <cclite/cuda/staged_engine.hpp>
-
-#if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
-#include <cclite/nccl/backend.hpp>
-#endif
 
 namespace cclite::cuda {
-
-/// Which path a pair of buffers takes in the blocking collectives.
-enum class buffer_route { host, device, mixed };
-
-inline const char* to_string(buffer_route r) noexcept {
-  return r == buffer_route::host ? "host" : r == buffer_route::device ? "device" : "mixed";
-}
-
-/// host: both pointers are host memory (pageable or pinned); device: both are
-/// device or managed memory; mixed otherwise. Null counts as host. Without a
-/// GPU or driver everything is host (query_pointer), so this never fails.
-inline buffer_route route_of(const void* send, const void* recv) noexcept {
-  const bool ds = send != nullptr && is_device_pointer(send);
-  const bool dr = recv != nullptr && is_device_pointer(recv);
-  if (ds && dr) return buffer_route::device;
-  if (!ds && !dr) return buffer_route::host;
-  if (send == nullptr || recv == nullptr) return ds || dr ? buffer_route::device : buffer_route::host;
-  return buffer_route::mixed;
-}
-
-namespace detail {
-
-/// What one rank can check alone about a device collective, before anything is
-/// enqueued: collective/op.hpp's checks of the CPU communicator (dtype, op of
-/// the reducing ones, root, byte-size overflow, null buffers) plus reduce's
-/// send buffer and the root's recv (gather's likewise; scatter's recv and the
-/// root's send). invalid_argument
-/// "device_communicator rank R: device <what>" naming the argument.
-inline status check_device_call(const op_desc& d, int rank, int size) {
-  status s = cclite::detail::validate(d, size);
-  // The rooted ones: which buffers a rank uses depends on whether it is the root.
-  const bool rooted = d.kind == collective_kind::reduce || d.kind == collective_kind::gather ||
-                      d.kind == collective_kind::scatter;
-  if (s.ok() && rooted && d.count != 0) {
-    const char* name = to_string(d.kind);
-    const bool everyone_sends = d.kind != collective_kind::scatter;  // scatter: everyone receives
-    if (everyone_sends ? !d.send : !d.recv) {
-      s = make_error(errc::invalid_argument, "%s: null %s buffer with count %zu", name,
-                     everyone_sends ? "send" : "recv", d.count);
-    } else if (rank == d.root && (everyone_sends ? !d.recv : !d.send)) {
-      s = make_error(errc::invalid_argument, "%s: null %s buffer on the root (rank %d) with count %zu", name,
-                     everyone_sends ? "recv" : "send", rank, d.count);
-    }
-  }
-  if (s.ok() && d.kind == collective_kind::sendrecv && (d.root == rank) != (d.peer2 == rank)) {
-    s = make_error(errc::invalid_argument, "sendrecv: a rank cannot send to itself without receiving from itself "
-                   "(dst %d, src %d)", d.root, d.peer2);
-  }
-  if (s.ok() && d.kind == collective_kind::allgatherv && d.counts[rank] != d.count) {
-    s = make_error(errc::invalid_argument, "allgatherv: send count %zu differs from counts[%d] = %zu", d.count, rank,
-                   d.counts[rank]);
-  }
-  if (s.ok() && d.kind == collective_kind::allgatherv && d.count && !d.send) {
-    s = make_error(errc::invalid_argument, "allgatherv: null send buffer with count %zu", d.count);
-  }
-  if (s.ok()) return s;
-  return make_error(s.code(), "device_communicator rank %d: device %s", rank, s.message().c_str());
-}
-
-}  // namespace detail
-
-struct device_options {
-  /// CUDA device; -1: the CPU communicator's local rank modulo the device count.
-  int device = -1;
-  /// "nccl", "native" or "auto"; nullptr: CCLITE_GPU_BACKEND.
-  const char* backend = nullptr;
-  /// Native engine: pinned staging chunk size and number of chunks in flight.
-  /// Every rank must use the same chunk_bytes (chunks are matched across ranks);
-  /// allgather / reduce_scatter need room for one element of each rank.
-  std::size_t chunk_bytes = std::size_t{4} << 20;
-  int slots = 4;
-  /// Native engine: chunks enqueued and not yet run before a call waits.
-  int max_pending_chunks = 256;
-  /// Native engine: take the CUDA IPC path when it applies (see the file
-  /// comment); false, or CCLITE_CUDA_IPC=0, always stages through host memory.
-  bool ipc = true;
-  /// CUDA IPC path: the chunk (and device slot) size; it allocates `slots` of
-  /// them per rank (64 MiB with the defaults). Larger than the staged path's
-  /// because each chunk costs one or two host barriers and a few CUDA calls
-  /// (tens of microseconds), which a device copies 16 MiB in. The same on
-  /// every rank.
-  std::size_t ipc_chunk_bytes = std::size_t{16} << 20;
-};
 
 template <class Comm>
 class device_communicator {
@@ -233,7 +144,7 @@ class device_communicator {
   gpu_backend engine() const noexcept { return engine_; }
   /// How the collectives on device buffers run: "nccl", "ipc" (native, CUDA
   /// IPC) or "staged" (native, through pinned host memory).
-  const char* path() const noexcept { return ipc_ ? "ipc" : staged_ ? "staged" : "nccl"; }
+  const char* path() const noexcept { return native_ ? native_->path() : "nccl"; }
   Comm& host() const noexcept { return *host_; }
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
   /// The NCCL backend (engine() == nccl), else null.
@@ -442,17 +353,12 @@ class device_communicator {
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
     if (nccl_) return nccl_->synchronize(stream);
 #endif
-    if (!ipc_) return staged_->synchronize(stream);
-    CCLITE_TRY(ipc_->synchronize(stream));  // waits for the send / recv on `stream` too
-    return staged_->failure();
+    return native_->synchronize(stream);
   }
 
   /// The first failure of the native engine seen, ok if none (the NCCL engine
   /// reports its failures from every later call and synchronize()).
-  status failure() const {
-    status s = ipc_ ? ipc_->failure() : status();
-    return !s.ok() || !staged_ ? s : staged_->failure();
-  }
+  status failure() const { return native_ ? native_->failure() : status(); }
 
  private:
   device_communicator(Comm& host, int dev, gpu_backend engine, milliseconds timeout, const device_options& o)
@@ -475,73 +381,9 @@ class device_communicator {
       return status();
     }
 #endif
-    CCLITE_TRY(try_ipc());
-    // The staged path always: it is the engine without CUDA IPC, and with it
-    // it carries send / recv (point to point has no barrier to order the IPC
-    // slots by). Pinned memory: slots x chunk_bytes (16 MiB by default).
-    detail::native_config c;
-    c.chunk_bytes = opts_.chunk_bytes;
-    c.slots = opts_.slots;
-    c.max_pending_chunks = opts_.max_pending_chunks;
-    c.timeout = timeout_;
-    auto e = detail::staged_engine<Comm>::create(*host_, c);
+    auto e = detail::native_engine<Comm>::create(*host_, device_, opts_, timeout_);
     if (!e) return e.error();
-    staged_ = std::move(e.value());
-    return status();
-  }
-
-  // The native engine's CUDA IPC path, when every rank can take it (they agree
-  // first; a set-up failure anywhere sends every rank to the staged path).
-  // Errors only when the CPU communicator fails (a malformed CCLITE_CUDA_IPC
-  // turns the path off with a warning: returning here, before the collectives
-  // below, would leave the other ranks waiting in them).
-  status try_ipc() {
-    auto on = env::get_bool("CUDA_IPC", true, false);
-    if (!on) CCLITE_WARN(host_->log(), "device_communicator: CUDA IPC path off: %s", on.error().message().c_str());
-    detail::ipc_facts f;
-    f.enabled = opts_.ipc && on && on.value();
-    f.kernels_linked = device_reduce_linked();
-    f.local_size = host_->local_size();
-    f.size = size();
-    f.slots = opts_.slots;
-    // Every rank's device, to check peer access (the same GPU always works).
-    std::vector<std::int64_t> devs(static_cast<std::size_t>(size()));
-    const std::int64_t mine = device_;
-    CCLITE_TRY(host_->allgather(&mine, devs.data(), 1, dtype::int64));
-    for (std::size_t q = 0; q < devs.size(); ++q) {
-      const int d = static_cast<int>(devs[q]);
-      auto yes = can_access_peer(device_, d);
-      f.peers_reachable = f.peers_reachable && yes.ok() && yes.value();
-      if (static_cast<int>(q) != rank()) {
-        CCLITE_INFO(host_->log(), "device_communicator: GPU %d -> rank %zu's GPU %d: %s", device_, q, d,
-                    describe_peer_link(device_, d).c_str());
-      }
-    }
-    std::string why = detail::ipc_ineligible_reason(f);
-    std::int64_t all_ok = why.empty() ? 1 : 0;
-    CCLITE_TRY(host_->allreduce(&all_ok, &all_ok, 1, dtype::int64, reduce_op::min));
-    if (all_ok == 1) {
-      detail::native_config c;
-      c.chunk_bytes = opts_.ipc_chunk_bytes;
-      c.slots = opts_.slots;
-      c.timeout = timeout_;
-      auto e = detail::ipc_engine<Comm>::create(*host_, c);
-      if (e) {
-        ipc_ = std::move(e.value());
-        CCLITE_INFO(host_->log(),
-                    "device_communicator: native engine over CUDA IPC (device %d, %d ranks, %d x %zu B slots)",
-                    device_, size(), opts_.slots, opts_.ipc_chunk_bytes);
-        return status();
-      }
-      if (e.error().code() != errc::unsupported) return e.error();  // the CPU communicator failed
-      why = "set-up failed: " + e.error().message();
-      CCLITE_WARN(host_->log(), "device_communicator: CUDA IPC path not taken, staging through host memory: %s",
-                  why.c_str());
-      return status();
-    }
-    if (why.empty()) why = "another rank cannot take it";
-    CCLITE_INFO(host_->log(),
-                "device_communicator: native engine staged through pinned host memory (CUDA IPC: %s)", why.c_str());
+    native_ = std::move(e.value());
     return status();
   }
 
@@ -564,45 +406,9 @@ class device_communicator {
     // The v-variants go on even with nothing here: the others may have blocks.
     if (count == 0 && va.count2 == 0 && !detail::is_v(k)) return status();
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
-    if (nccl_) {
-      switch (k) {
-        case collective_kind::allreduce: return nccl_->allreduce(send, recv, count, t, op, stream);
-        case collective_kind::broadcast: return nccl_->broadcast(send, recv, count, t, root, stream);
-        case collective_kind::reduce: return nccl_->reduce(send, recv, count, t, op, root, stream);
-        case collective_kind::allgather: return nccl_->allgather(send, recv, count, t, stream);
-        case collective_kind::reduce_scatter: return nccl_->reduce_scatter(send, recv, count, t, op, stream);
-        case collective_kind::gather: return nccl_->gather(send, recv, count, t, root, stream);
-        case collective_kind::scatter: return nccl_->scatter(send, recv, count, t, root, stream);
-        case collective_kind::alltoall:
-          if (send == recv) {
-            return make_error(errc::unsupported,
-                              "device_communicator rank %d: in-place alltoall on the NCCL engine (NCCL's "
-                              "grouped send / recv would overwrite blocks not yet sent); pass a separate "
-                              "recv buffer, or use the native engine (CCLITE_GPU_BACKEND=native)",
-                              rank());
-          }
-          return nccl_->alltoall(send, recv, count, t, stream);
-        case collective_kind::allgatherv:
-          return nccl_->allgatherv(send, count, recv, va.counts, va.displs, t, stream);
-        case collective_kind::alltoallv:
-          if (send == recv) {
-            return make_error(errc::unsupported,
-                              "device_communicator rank %d: in-place alltoallv on the NCCL engine; pass a "
-                              "separate recv buffer, or use the native engine (CCLITE_GPU_BACKEND=native)",
-                              rank());
-          }
-          return nccl_->alltoallv(send, va.counts, va.displs, recv, va.rcounts, va.rdispls, t, stream);
-        case collective_kind::sendrecv:
-          return nccl_->sendrecv(send, count, root, recv, va.count2, va.peer2, t, stream);
-        case collective_kind::send: return nccl_->send(send, count, t, root, stream);
-        case collective_kind::recv: return nccl_->recv(recv, count, t, root, stream);
-        default: return make_error(errc::invalid_argument, "device %s: not offered", to_string(k));
-      }
-    }
+    if (nccl_) return detail::enqueue_on_nccl(*nccl_, rank(), k, send, recv, count, t, op, root, stream, va);
 #endif
-    const bool p2p = k == collective_kind::send || k == collective_kind::recv || k == collective_kind::sendrecv;
-    if (ipc_ && !p2p) return ipc_->enqueue(k, send, recv, count, t, op, root, stream, va);
-    return staged_->enqueue(k, send, recv, count, t, op, root, stream, va);
+    return native_->enqueue(k, send, recv, count, t, op, root, stream, va);
   }
 
   // The blocking forms: host pointers to the CPU communicator, device pointers
@@ -629,8 +435,7 @@ class device_communicator {
   milliseconds timeout_;
   device_options opts_;
   stream own_stream_;
-  std::unique_ptr<detail::staged_engine<Comm>> staged_;  // native engine, staged path
-  std::unique_ptr<detail::ipc_engine<Comm>> ipc_;        // native engine, CUDA IPC path
+  std::unique_ptr<detail::native_engine<Comm>> native_;  // engine() == native
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
   std::unique_ptr<nccl::backend> nccl_;
 #endif

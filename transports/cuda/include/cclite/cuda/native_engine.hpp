@@ -1,0 +1,153 @@
+// cclite/cuda/native_engine.hpp - device_communicator's own engine: CUDA IPC inside
+// a node, else host staging, chosen once for every rank together.
+//
+// Internal (cclite::cuda::detail): device_communicator checks the arguments and
+// owns the engine. create() is collective: every rank finds out whether the
+// CUDA IPC path applies to it (ipc_ineligible_reason: on, kernels linked, one
+// node, every peer's GPU reachable), they agree with one allreduce(min), and
+// either all map each other's slots (ipc_engine.hpp) or all stage through
+// pinned host memory (staged_engine.hpp); a set-up failure on any rank sends
+// all of them to staging. The staged path exists either way: with IPC it
+// carries send / recv / sendrecv, since point to point has no barrier to order
+// the IPC slots by (pinned memory: slots x chunk_bytes, 16 MiB by default).
+// CCLITE_DEBUG=INFO logs the choice, why, and every peer link (ipc.hpp's
+// describe_peer_link: peer access, P2P rank, PCI ids, NVLinks per NVML).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cclite/core/clock.hpp>
+#include <cclite/core/env.hpp>
+#include <cclite/core/log.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/cuda/device_call.hpp>
+#include <cclite/cuda/device_reduce.hpp>
+#include <cclite/cuda/ipc.hpp>
+#include <cclite/cuda/ipc_engine.hpp>
+#include <cclite/cuda/staged_engine.hpp>
+
+namespace cclite::cuda::detail {
+
+template <class Comm>
+class native_engine {
+ public:
+  /// Collective over `host`; `dev` is this rank's (current) device. Errors:
+  /// the CPU communicator's, or the staged path's set-up (pinned memory).
+  static result<std::unique_ptr<native_engine>> create(Comm& host, int dev, const device_options& o,
+                                                       milliseconds timeout) {
+    std::unique_ptr<native_engine> e(new native_engine(host, dev, o, timeout));
+    CCLITE_TRY(e->try_ipc());
+    native_config c;
+    c.chunk_bytes = o.chunk_bytes;
+    c.slots = o.slots;
+    c.max_pending_chunks = o.max_pending_chunks;
+    c.timeout = timeout;
+    auto st = staged_engine<Comm>::create(host, c);
+    if (!st) return st.error();
+    e->staged_ = std::move(st.value());
+    return result<std::unique_ptr<native_engine>>(std::move(e));
+  }
+
+  /// "ipc" or "staged": the path of the collectives.
+  const char* path() const noexcept { return ipc_ ? "ipc" : "staged"; }
+
+  /// Hands a checked call to its path: point to point always to the staged
+  /// one. `va`: the v-variants' arrays, sendrecv's receive side.
+  status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
+                 int root, cudaStream_t stream, const v_args& va) {
+    const bool p2p = k == collective_kind::send || k == collective_kind::recv || k == collective_kind::sendrecv;
+    if (ipc_ && !p2p) return ipc_->enqueue(k, send, recv, count, t, op, root, stream, va);
+    return staged_->enqueue(k, send, recv, count, t, op, root, stream, va);
+  }
+
+  /// Waits until everything enqueued on `stream` has run (bounded by the
+  /// timeout), then reports the first failure of either path.
+  status synchronize(cudaStream_t stream) {
+    if (!ipc_) return staged_->synchronize(stream);
+    CCLITE_TRY(ipc_->synchronize(stream));  // waits for the send / recv on `stream` too
+    return staged_->failure();
+  }
+
+  /// The first failure seen, ok if none.
+  status failure() const {
+    status s = ipc_ ? ipc_->failure() : status();
+    return !s.ok() || !staged_ ? s : staged_->failure();
+  }
+
+ private:
+  native_engine(Comm& host, int dev, const device_options& o, milliseconds timeout)
+      : host_(&host), device_(dev), opts_(o), timeout_(timeout) {}
+
+  int rank() const noexcept { return host_->rank(); }
+  int size() const noexcept { return host_->size(); }
+
+  // The native engine's CUDA IPC path, when every rank can take it (they agree
+  // first; a set-up failure anywhere sends every rank to the staged path).
+  // Errors only when the CPU communicator fails (a malformed CCLITE_CUDA_IPC
+  // turns the path off with a warning: returning here, before the collectives
+  // below, would leave the other ranks waiting in them).
+  status try_ipc() {
+    auto on = env::get_bool("CUDA_IPC", true, false);
+    if (!on) CCLITE_WARN(host_->log(), "device_communicator: CUDA IPC path off: %s", on.error().message().c_str());
+    ipc_facts f;
+    f.enabled = opts_.ipc && on && on.value();
+    f.kernels_linked = device_reduce_linked();
+    f.local_size = host_->local_size();
+    f.size = size();
+    f.slots = opts_.slots;
+    // Every rank's device, to check peer access (the same GPU always works).
+    std::vector<std::int64_t> devs(static_cast<std::size_t>(size()));
+    const std::int64_t mine = device_;
+    CCLITE_TRY(host_->allgather(&mine, devs.data(), 1, dtype::int64));
+    for (std::size_t q = 0; q < devs.size(); ++q) {
+      const int d = static_cast<int>(devs[q]);
+      auto yes = can_access_peer(device_, d);
+      f.peers_reachable = f.peers_reachable && yes.ok() && yes.value();
+      if (static_cast<int>(q) != rank()) {
+        CCLITE_INFO(host_->log(), "device_communicator: GPU %d -> rank %zu's GPU %d: %s", device_, q, d,
+                    describe_peer_link(device_, d).c_str());
+      }
+    }
+    std::string why = ipc_ineligible_reason(f);
+    std::int64_t all_ok = why.empty() ? 1 : 0;
+    CCLITE_TRY(host_->allreduce(&all_ok, &all_ok, 1, dtype::int64, reduce_op::min));
+    if (all_ok == 1) {
+      native_config c;
+      c.chunk_bytes = opts_.ipc_chunk_bytes;
+      c.slots = opts_.slots;
+      c.timeout = timeout_;
+      auto e = ipc_engine<Comm>::create(*host_, c);
+      if (e) {
+        ipc_ = std::move(e.value());
+        CCLITE_INFO(host_->log(),
+                    "device_communicator: native engine over CUDA IPC (device %d, %d ranks, %d x %zu B slots)",
+                    device_, size(), opts_.slots, opts_.ipc_chunk_bytes);
+        return status();
+      }
+      if (e.error().code() != errc::unsupported) return e.error();  // the CPU communicator failed
+      why = "set-up failed: " + e.error().message();
+      CCLITE_WARN(host_->log(), "device_communicator: CUDA IPC path not taken, staging through host memory: %s",
+                  why.c_str());
+      return status();
+    }
+    if (why.empty()) why = "another rank cannot take it";
+    CCLITE_INFO(host_->log(),
+                "device_communicator: native engine staged through pinned host memory (CUDA IPC: %s)", why.c_str());
+    return status();
+  }
+
+  Comm* host_;
+  int device_;
+  device_options opts_;
+  milliseconds timeout_;
+  // Members go in reverse: the IPC path first (its collective wait until the
+  // peers stopped reading its slots), then the staged path (its wait for its
+  // host functions).
+  std::unique_ptr<staged_engine<Comm>> staged_;
+  std::unique_ptr<ipc_engine<Comm>> ipc_;
+};
+
+}  // namespace cclite::cuda::detail
