@@ -22,6 +22,14 @@
 //   copy_out(recv_off, from_rank, slot_off, bytes)
 //                                             rank from_rank's slot -> this rank's recv
 // Offsets are bytes; send / recv offsets count from the caller's pointers.
+//
+// Per collective: allreduce reduces its own segment from every slot in place,
+// then every rank copies every segment out (two exchanges); the others take
+// one: broadcast reads the root's slot, reduce and gather every slot on the
+// root, allgather(v) every slot everywhere, reduce_scatter reduces its own row
+// of every slot, scatter and alltoall(v) read row `rank` of the root's / every
+// slot. Point to point is not here: native_engine.hpp gives it to the staged
+// path.
 #pragma once
 
 #include <algorithm>

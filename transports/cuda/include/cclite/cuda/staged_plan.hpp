@@ -55,14 +55,16 @@
 // reduce (and send / recv) cut `count` into chunk_bytes / element-size pieces.
 // allgather, reduce_scatter, gather, scatter and alltoall cut the per-rank
 // count instead, chunk_bytes / (element size x ranks) elements of each rank's
-// piece per chunk (alltoallv: x 2 ranks; the v-variants: as many chunks as the
-// largest block needs, which every rank must agree on, each block's piece c
-// possibly short or empty): a chunk then holds piece c of every rank side by side, so
+// piece per chunk: a chunk then holds piece c of every rank side by side, so
 // each chunk is one ordinary CPU call of n elements per rank on every rank
 // (cutting the whole size x count buffer would give chunks that start in the
 // middle of one rank's block on one rank and not on another, i.e. different
-// calls). The result
-// depends only on (count, dtype, ranks, chunk_bytes), which every rank shares.
+// calls). The result depends only on (count, dtype, ranks, chunk_bytes), which
+// every rank shares. The v-variants cut every block into the same pieces and
+// take as many chunks as the largest block needs (every rank must agree on
+// it: v_largest_block), piece c of a block possibly short or empty; alltoallv
+// needs 2 x ranks rows, sendrecv 2 (one each way, each running out at its own
+// chunk).
 #pragma once
 
 #include <algorithm>
@@ -96,7 +98,8 @@ inline std::size_t v_piece(std::size_t total, std::size_t per, std::size_t c) no
 }
 
 /// Elements of each rank's piece in one staged chunk (of the whole buffer for
-/// allreduce, broadcast, reduce, send, recv). invalid_argument when a
+/// allreduce, broadcast, reduce, send, recv; of each direction for sendrecv;
+/// each row's length for the v-variants). invalid_argument when a
 /// `chunk_bytes` slot cannot hold one element of every rank.
 inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int size, std::size_t chunk_bytes) {
   // alltoallv's slot holds what goes out and what comes in, one row per rank each.
@@ -117,11 +120,11 @@ inline result<std::size_t> staged_chunk_elems(collective_kind k, dtype t, int si
 }
 
 /// One call as the plans see it (arguments already checked; ipc_plan.hpp's
-/// ipc_call adds one field). `root`: the
-/// rooted ones' root, send's / recv's peer. The v-variants: `count` is the
-/// largest block any rank sends or receives (all ranks must agree on it: it
-/// sets the number of chunks), counts / displs the send side (allgatherv: every
-/// rank's), rcounts / rdispls alltoallv's receive side (size entries each).
+/// ipc_call adds one field). `root`: the rooted ones' root, send's / recv's
+/// peer, sendrecv's destination. The v-variants: `count` is the largest block
+/// any rank sends or receives (all ranks must agree on it: it sets the number
+/// of chunks), counts / displs the send side (allgatherv: every rank's),
+/// rcounts / rdispls alltoallv's receive side (size entries each).
 struct staged_call {
   collective_kind kind = collective_kind::allreduce;
   int rank = 0;
@@ -193,7 +196,8 @@ result<std::size_t> v_largest_block(collective_kind k, const v_args& va, int siz
 }
 
 /// The host call's counts and displacements (elements, from the slot) for
-/// chunk c of a v-variant; `per` is the row length. Filled by staged_v_counts.
+/// chunk c of a v-variant or a sendrecv; `per` is the row length. Filled by
+/// staged_v_counts.
 struct staged_v_chunk {
   std::size_t per = 0;
   std::vector<std::size_t> counts, displs, rcounts, rdispls;
@@ -201,8 +205,9 @@ struct staged_v_chunk {
 };
 
 /// Chunk c's pieces of every block: allgatherv row r = rank r's piece;
-/// alltoallv rows 0..size-1 go out, rows size..2 size-1 come in. Does not
-/// allocate once `out` has held size entries.
+/// alltoallv rows 0..size-1 go out, rows size..2 size-1 come in; sendrecv
+/// counts[0] out, rcounts[0] in. Does not allocate once `out` has held size
+/// entries.
 inline void staged_v_counts(const staged_call& call, std::size_t c, staged_v_chunk& out) {
   const std::size_t n = static_cast<std::size_t>(call.size), per = call.per_chunk;
   out.per = per;
@@ -285,8 +290,8 @@ void staged_chunk_plan(const staged_call& call, std::size_t c, Visitor& v) {
 }
 
 /// The CPU call of one chunk, in place on the slot `h` (`count` elements per
-/// rank; this rank's piece at its row for the per-rank collectives).
-/// The v-variants take their counts from `vc` (staged_v_counts).
+/// rank; this rank's piece at its row for the per-rank collectives). The
+/// v-variants and sendrecv take their counts from `vc` (staged_v_counts).
 template <class Comm>
 status staged_host_call(Comm& c, collective_kind k, unsigned char* h, std::size_t count, dtype t, reduce_op op,
                         int root, const staged_v_chunk* vc = nullptr) {
