@@ -143,6 +143,13 @@ if(TARGET device_allreduce_perf AND TARGET cclite-run)
     COMMAND ${CMAKE_CURRENT_LIST_DIR}/device_perf.sh $<TARGET_FILE:device_allreduce_perf> $<TARGET_FILE:cclite-run>)
   set_tests_properties(device_allreduce_perf PROPERTIES TIMEOUT 300 LABELS "gpu")
 endif()
+# samples/hello_device_allreduce on 2 ranks (sharing a GPU, or one each).
+if(TARGET hello_device_allreduce AND TARGET cclite-run)
+  add_test(NAME hello_device_allreduce
+    COMMAND ${CMAKE_CURRENT_LIST_DIR}/no_gpu_or_pass.sh $<TARGET_FILE:cclite-run> --nproc-per-node 2
+            $<TARGET_FILE:hello_device_allreduce>)
+  set_tests_properties(hello_device_allreduce PROPERTIES TIMEOUT 120 LABELS "gpu")
+endif()
 foreach(_gpu_prog reduce_kernels_gpu ipc_gpu staging_gpu device_comm_gpu data_parallel_gpu nccl_gpu
                   nccl_gpu_missing_rank)
   if(TEST ${_gpu_prog})

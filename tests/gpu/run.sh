@@ -45,6 +45,7 @@
 #                        and gradients on the device; rank 0's initial values everywhere, ranks
 #                        bitwise equal, within 1e-4 of a 1-process run; stream-ordered waits
 #                        return while the GPU is busy; host_wait + no_sync micro-batches
+#   hello_device         samples/hello_device_allreduce on 2 ranks sharing the GPU
 #   device_perf          tests/gpu/device_perf.sh sweep: bench/device_allreduce_perf
 #                        (nccl-tests columns) 1-256 MiB on the native engine's ipc and
 #                        staged paths, 2 ranks sharing the GPU, and NCCL beside them
@@ -149,7 +150,8 @@ if command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}
       say "data_parallel_gpu not built (needs cuBLAS; see $LOG)"
     cmake --build "$BUILD" -j"$JOBS" --target cclite-run train_fashion_mnist_cuda >>"$LOG" 2>&1 ||
       say "train_fashion_mnist_cuda / cclite-run not built (needs zlib and cuBLAS; see $LOG)"
-    cmake --build "$BUILD" -j"$JOBS" --target device_allreduce_perf >>"$LOG" 2>&1 || say "device_allreduce_perf not built (see $LOG)"
+    cmake --build "$BUILD" -j"$JOBS" --target device_allreduce_perf hello_device_allreduce >>"$LOG" 2>&1 ||
+      say "device_allreduce_perf / hello_device_allreduce not built (see $LOG)"
   else
     say "cmake build failed (see $LOG); trying nvcc/g++ directly"
   fi
@@ -216,10 +218,19 @@ run nccl_perf 45 "$BIN/nccl_gpu" perf $((256 << 20))
 run nccl_missing_rank 30 "$BIN/nccl_gpu" missing_rank
 run device_comm_gpu 180 "$BIN/device_comm_gpu"  # both native paths
 run data_parallel_gpu 60 "$BIN/data_parallel_gpu"
+if [ -x "$BIN/hello_device_allreduce" ] && [ -x "$BIN/cclite-run" ]; then
+  run hello_device 60 "$BIN/cclite-run" --nproc-per-node 2 "$BIN/hello_device_allreduce"
+elif [ $built_with = direct ]; then
+  echo "RESULT step hello_device SKIPPED_DIRECT_BUILD" >> "$RES"; say "hello_device: skipped (direct build)"
+else
+  echo "RESULT step hello_device NOT_BUILT" >> "$RES"; fails=$((fails + 1)); say "hello_device: not built"
+fi
 if [ -x "$BIN/device_allreduce_perf" ] && [ -x "$BIN/cclite-run" ]; then
   run device_perf 240 "$ROOT/tests/gpu/device_perf.sh" "$BIN/device_allreduce_perf" "$BIN/cclite-run" sweep
+elif [ $built_with = direct ]; then
+  echo "RESULT step device_perf SKIPPED_DIRECT_BUILD" >> "$RES"; say "device_perf: skipped (direct build)"
 else
-  echo "RESULT step device_perf NOT_BUILT" >> "$RES"; say "device_perf: not built (CMake build only)"
+  echo "RESULT step device_perf NOT_BUILT" >> "$RES"; fails=$((fails + 1)); say "device_perf: not built"
 fi
 if [ -x "$BIN/train_fashion_mnist_cuda" ] && [ -x "$BIN/cclite-run" ]; then
   run train_cuda 300 "$ROOT/tests/gpu/train_cuda.sh" "$BIN/train_fashion_mnist_cuda" "$BIN/cclite-run"
