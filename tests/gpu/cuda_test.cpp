@@ -815,7 +815,7 @@ struct staged_sim {
   void down(std::size_t slot_off, std::size_t src_off, std::size_t src_pitch, std::size_t width, std::size_t rows) {
     for (std::size_t r = 0; r < rows; ++r) std::memcpy(slot.data() + slot_off + r * width, src + src_off + r * src_pitch, width);
   }
-  void host(std::size_t n, std::size_t) {
+  void host(std::size_t n) {
     if (cuda::detail::counts_per_chunk(call.kind)) cuda::detail::staged_v_counts(call, c, vc);
     if (st.ok()) st = cuda::detail::staged_host_call(comm, call.kind, slot.data(), n, t, op, call.root, &vc);
   }

@@ -136,11 +136,13 @@ class staged_engine {
   int rank() const noexcept { return chan_->rank(); }
   int size() const noexcept { return chan_->size(); }
 
-  /// Enqueues collective `k` (allreduce, broadcast, reduce, allgather,
-  /// reduce_scatter, gather, scatter or alltoall) or a send / recv on `stream`,
-  /// chunk by chunk, and returns. The arguments must have been checked
-  /// (device_communicator does). `root`: the rooted ones' root, send's / recv's
-  /// peer; `op`: the reducing ones only; send: `send` only, recv: `recv` only.
+  /// Enqueues collective `k` (any but barrier) or a send / recv / sendrecv on
+  /// `stream`, chunk by chunk, and returns. The arguments must have been
+  /// checked (device_communicator does). `root`: the rooted ones' root, the
+  /// peer of send / recv, sendrecv's destination; `op`: the reducing ones only;
+  /// send: `send` only, recv: `recv` only; `va`: the v-variants' arrays and
+  /// sendrecv's receive side (alltoallv agrees on its chunk count with one
+  /// CPU allreduce on the calling thread).
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
                  int root, cudaStream_t stream, const v_args& va = {}) {
     CCLITE_TRY(failure());
@@ -183,7 +185,7 @@ class staged_engine {
                 "cudaMemcpyAsync device -> host");
         }
       }
-      void host(std::size_t n, std::size_t) {
+      void host(std::size_t n) {
         auto& hs = e.staging_.at(si);
         if (!st.ok() || !check(cudaEventRecord(hs.down, e.copy_stream_.get()), "cudaEventRecord") ||
             !check(cudaStreamWaitEvent(e.host_stream_.get(), hs.down, 0), "cudaStreamWaitEvent")) {

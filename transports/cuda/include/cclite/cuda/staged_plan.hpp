@@ -11,9 +11,9 @@
 //   down(slot_off, src_off, src_pitch, width, rows)
 //                       `rows` rows of `width` bytes: the caller's send at
 //                       src_off + r * src_pitch -> the slot at slot_off + r * width
-//   host(count, mine_off)
-//                       the CPU call on the slot (staged_host_call): `count`
-//                       elements per rank, this rank's piece at mine_off
+//   host(count)         the CPU call on the slot (staged_host_call): `count`
+//                       elements per rank (the v-variants and sendrecv: 0, their
+//                       counts come from staged_v_counts)
 //   up(dst_off, dst_pitch, slot_off, width, rows)
 //                       the slot at slot_off + r * width -> the caller's recv at
 //                       dst_off + r * dst_pitch
@@ -245,7 +245,7 @@ void staged_chunk_plan(const staged_call& call, std::size_t c, Visitor& v) {
       for (std::size_t p = 0; p < n; ++p)
         if (const std::size_t w = v_piece(call.counts[p], per, c) * es) v.down(p * row, (call.displs[p] + at) * es, 0, w, 1);
     }
-    v.host(0, me * row);
+    v.host(0);
     const std::size_t* cnt = k == collective_kind::allgatherv ? call.counts : call.rcounts;
     const std::size_t* dsp = k == collective_kind::allgatherv ? call.displs : call.rdispls;
     const std::size_t in = k == collective_kind::allgatherv ? 0 : n * row;  // where incoming rows start
@@ -257,7 +257,7 @@ void staged_chunk_plan(const staged_call& call, std::size_t c, Visitor& v) {
     // Row 0 goes out, row 1 comes in; either runs out first (a zero-length part).
     const std::size_t es = call.elem, per = call.per_chunk, at = c * per * es;
     if (const std::size_t w = v_piece(call.count, per, c) * es) v.down(0, at, 0, w, 1);
-    v.host(0, 0);
+    v.host(0);
     if (const std::size_t w = v_piece(call.count2, per, c) * es) v.up(at, 0, per * es, w, 1);
     return;
   }
@@ -282,7 +282,7 @@ void staged_chunk_plan(const staged_call& call, std::size_t c, Visitor& v) {
     if (rows_down) v.down(0, off, pitch, w, rows);
     else v.down(mine, off, pitch, w, 1);
   }
-  v.host(n, mine);
+  v.host(n);
   if (up) {
     if (rows_up) v.up(off, pitch, 0, w, rows);
     else v.up(off, pitch, mine, w, 1);
