@@ -22,6 +22,8 @@
 //     blocking, alltoallv in place on the native engine
 //   - for the table: GPU 0's active NVLinks as NVML (loaded at run time) counts them
 // Run by tests/gpu/run.sh (and ctest -L gpu); exit 0 ok, 1 failure, 77 no CUDA device.
+// The same file built against tests/gpu/emulated_cudart.cpp is ctest's
+// device_comm_emulated: the host-side logic on every machine, timing check aside.
 #include <cclite/cclite.hpp>
 #include <cclite/cuda/device_buffers.hpp>
 #include <cclite/cuda/device_communicator.hpp>
@@ -47,6 +49,14 @@ using device_comm = cuda::device_communicator<default_communicator>;
 namespace {
 
 #define GPU(expr) OR_DIE(cuda::cuda_status((expr), #expr))
+
+// Built against tests/gpu/emulated_cudart.cpp (device_comm_emulated) instead of
+// the CUDA runtime: no GPU, everything runs at once on the calling thread.
+#if defined(CCLITE_TEST_EMULATED_CUDA)
+constexpr bool emulated = true;
+#else
+constexpr bool emulated = false;
+#endif
 
 void CUDART_CB sleep_300ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
 
@@ -456,7 +466,10 @@ int check_timing_and_routes(device_comm& dc, cudaStream_t s, const char* path, i
     GPU(cudaMemcpyAsync(got.data(), buf.value().data(), n * 4, cudaMemcpyDeviceToHost, s));
     OR_DIE(dc.synchronize(s));
     const double total_s = seconds_since(t0);
-    const bool ok = call_s < 0.1 && total_s >= 0.25 &&
+    // The emulated runtime (emulated_cudart.cpp) runs the host function at once,
+    // so there the timing says nothing; the result still must be right.
+    const bool timing = emulated || (call_s < 0.1 && total_s >= 0.25);
+    const bool ok = timing &&
                     gt::wrong_elements(got, gt::reduced(dtype::float32, reduce_op::sum, n, size), dtype::float32) == 0;
     failed += !ok;
     std::printf("RESULT devcomm %s_stream_ordered_returns_early %s (rank %d: call %.1f ms, stream done after %.1f ms)\n",

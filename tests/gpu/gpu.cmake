@@ -67,6 +67,24 @@ if(TARGET cclite::shm OR TARGET cclite::tcp)
   target_compile_options(device_comm_gpu PRIVATE -Wall -Wextra)
 endif()
 
+# device_comm_gpu's host-side logic on a stand-in CUDA runtime (emulated_cudart.cpp:
+# host memory, everything at once on the calling thread), so that the engines'
+# chunking, handle exchanges and call sequences run between real processes here.
+# Not a GPU test: it says nothing about stream ordering on a device or speed.
+if(TARGET cclite::shm)
+  add_library(cclite_emulated_cudart SHARED ${CMAKE_CURRENT_LIST_DIR}/emulated_cudart.cpp)
+  target_include_directories(cclite_emulated_cudart PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(cclite_emulated_cudart PRIVATE cclite_core)
+  set_target_properties(cclite_emulated_cudart PROPERTIES CXX_VISIBILITY_PRESET default)
+  add_executable(device_comm_emulated ${CMAKE_CURRENT_LIST_DIR}/device_comm_gpu.cpp)
+  target_include_directories(device_comm_emulated PRIVATE ${PROJECT_SOURCE_DIR}/transports/cuda/include
+                             ${CUDAToolkit_INCLUDE_DIRS})
+  target_compile_definitions(device_comm_emulated PRIVATE CCLITE_HAS_CUDA=1 CCLITE_TEST_EMULATED_CUDA=1)
+  target_link_libraries(device_comm_emulated PRIVATE cclite::cclite cclite_emulated_cudart)
+  add_test(NAME device_comm_emulated COMMAND device_comm_emulated)
+  set_tests_properties(device_comm_emulated PROPERTIES TIMEOUT 300 LABELS "gpu")
+endif()
+
 # train::data_parallel on device gradients (cuda/device_data_parallel.hpp): 2
 # processes sharing the GPU train with cuBLAS; ranks bitwise equal, close to 1 rank.
 if((TARGET cclite::shm OR TARGET cclite::tcp) AND TARGET CUDA::cublas)
