@@ -472,8 +472,9 @@ int check_timing_and_routes(device_comm& dc, cudaStream_t s, const char* path, i
     const bool ok = timing &&
                     gt::wrong_elements(got, gt::reduced(dtype::float32, reduce_op::sum, n, size), dtype::float32) == 0;
     failed += !ok;
-    std::printf("RESULT devcomm %s_stream_ordered_returns_early %s (rank %d: call %.1f ms, stream done after %.1f ms)\n",
-                path, ok ? "ok" : "FAIL", rank, call_s * 1e3, total_s * 1e3);
+    std::printf("RESULT devcomm %s_stream_ordered_returns_early %s (rank %d: call %.1f ms, stream done after %.1f ms%s)\n",
+                path, ok ? "ok" : "FAIL", rank, call_s * 1e3, total_s * 1e3,
+                emulated ? "; timing not checked: emulated runtime" : "");
   }
 
   // Blocking form: routed by where the buffers live.
@@ -650,8 +651,10 @@ int native_rank(const char* dir, int rank, int size) {
     failed += check_arguments_and_host(dc, path, rank, size);
     failed += check_timing_and_routes(dc, s, path, rank, size);
   }
-  // 256 MiB float sum, stream-ordered, default slots (staged 4 x 4 MiB, ipc 4 x 16 MiB), both paths.
+  // 256 MiB float sum, stream-ordered, default slots (staged 4 x 4 MiB, ipc 4 x 16 MiB), both paths
+  // (not on the emulated runtime: a figure of the host's memcpy says nothing).
   for (const bool ipc : {true, false}) {
+    if (emulated) break;
     cuda::device_options big_o;
     big_o.backend = "native";
     big_o.ipc = ipc;

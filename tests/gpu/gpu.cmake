@@ -83,6 +83,17 @@ if(TARGET cclite::shm)
   target_link_libraries(device_comm_emulated PRIVATE cclite::cclite cclite_emulated_cudart)
   add_test(NAME device_comm_emulated COMMAND device_comm_emulated)
   set_tests_properties(device_comm_emulated PROPERTIES TIMEOUT 300 LABELS "gpu")
+  # data_parallel on device gradients the same way, its cuBLAS calls on the host too.
+  add_library(cclite_emulated_cublas SHARED ${CMAKE_CURRENT_LIST_DIR}/emulated_cublas.cpp)
+  target_include_directories(cclite_emulated_cublas PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  set_target_properties(cclite_emulated_cublas PROPERTIES CXX_VISIBILITY_PRESET default)
+  add_executable(data_parallel_emulated ${CMAKE_CURRENT_LIST_DIR}/data_parallel_gpu.cpp)
+  target_include_directories(data_parallel_emulated PRIVATE ${PROJECT_SOURCE_DIR}/transports/cuda/include
+                             ${CUDAToolkit_INCLUDE_DIRS})
+  target_compile_definitions(data_parallel_emulated PRIVATE CCLITE_HAS_CUDA=1 CCLITE_TEST_EMULATED_CUDA=1)
+  target_link_libraries(data_parallel_emulated PRIVATE cclite::cclite cclite_emulated_cudart cclite_emulated_cublas)
+  add_test(NAME data_parallel_emulated COMMAND data_parallel_emulated)
+  set_tests_properties(data_parallel_emulated PROPERTIES TIMEOUT 300 LABELS "gpu")
 endif()
 
 # train::data_parallel on device gradients (cuda/device_data_parallel.hpp): 2
