@@ -16,6 +16,7 @@
 
 namespace cclite::cuda {
 
+/// How device_communicator::create() sets up (device_communicator.hpp).
 struct device_options {
   /// CUDA device; -1: the CPU communicator's local rank modulo the device count.
   int device = -1;
@@ -23,13 +24,14 @@ struct device_options {
   const char* backend = nullptr;
   /// Native engine: pinned staging chunk size and number of chunks in flight.
   /// Every rank must use the same chunk_bytes (chunks are matched across ranks);
-  /// allgather / reduce_scatter need room for one element of each rank.
+  /// the per-rank collectives need room for one element of each rank (alltoallv
+  /// two). send / recv / sendrecv always use these slots, also beside CUDA IPC.
   std::size_t chunk_bytes = std::size_t{4} << 20;
   int slots = 4;
   /// Native engine: chunks enqueued and not yet run before a call waits.
   int max_pending_chunks = 256;
-  /// Native engine: take the CUDA IPC path when it applies (see the file
-  /// comment); false, or CCLITE_CUDA_IPC=0, always stages through host memory.
+  /// Native engine: take the CUDA IPC path when it applies (native_engine.hpp);
+  /// false, or CCLITE_CUDA_IPC=0, always stages through host memory.
   bool ipc = true;
   /// CUDA IPC path: the chunk (and device slot) size; it allocates `slots` of
   /// them per rank (64 MiB with the defaults). Larger than the staged path's
