@@ -24,6 +24,7 @@
 
 #include "common/perf_args.hpp"
 #include "common/perf_check.hpp"
+#include "common/perf_sweep.hpp"
 
 using namespace bench;
 
@@ -71,37 +72,22 @@ int main(int argc, char** argv) {
   bench::perf_table table(c.rank() == 0, a, "allreduce", c.size(), 2.0 * (c.size() - 1) / c.size());
   table.header(c.transport_of(c.size() > 1 ? c.topo().ring_next(c.rank()) : c.rank()));
   if (shared && c.rank() == 0) std::printf("# buffers from alloc_shared() (-R 1): in place runs on the shared window\n");
-  std::size_t total_wrong = 0;
-  for (std::size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes = bench::next_size(bytes, a)) {
-    const std::size_t count = bytes / esz;
-    bench::perf_row row{count * esz, count};
-    for (int in_place = 0; in_place < 2; ++in_place) {
-      void* sbuf = send;
-      void* rbuf = in_place ? send : recv;
-      auto once = [&] { return c.allreduce(sbuf, rbuf, count, a.type, a.op); };
-      for (int i = 0; i < a.warmup; ++i) check(once());
-      check(c.barrier());
-      double t0 = now_seconds();
-      for (int i = 0; i < a.iters; ++i) check(once());
-      double us = (now_seconds() - t0) * 1e6 / a.iters;
-      check(c.allreduce(&us, 1, reduce_op::max));  // the slowest rank sets the time
-      std::size_t wrong = 0;
-      if (a.check) {
-        by_dtype(a.type, [&](auto tag) { fill<decltype(tag)>(sbuf, count, c.rank()); });
-        check(once());
-        wrong = by_dtype(a.type, [&](auto tag) {
-          return count_wrong<decltype(tag)>(rbuf, count, a.op, c.size());
-        });
-        std::uint64_t w = wrong;
-        check(c.allreduce(&w, 1, reduce_op::sum));
-        wrong = static_cast<std::size_t>(w);
-      }
-      total_wrong += wrong;
-      row.set(in_place, us, wrong);
+  // The calls of the sweep (common/perf_sweep.hpp): blocking, host memory.
+  struct host_ops {
+    default_communicator& c;
+    const bench::perf_args& a;
+    std::uint8_t *send, *recv;
+    void* out(int in_place) const { return in_place ? send : recv; }
+    void once(std::size_t count, int in_place) { check(c.allreduce(send, out(in_place), count, a.type, a.op)); }
+    void drain() {}
+    void barrier() { check(c.barrier()); }
+    void max_over_ranks(double& v) { check(c.allreduce(&v, 1, reduce_op::max)); }
+    void sum_over_ranks(std::uint64_t& v) { check(c.allreduce(&v, 1, reduce_op::sum)); }
+    void fill(std::size_t count) { by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(send, count, c.rank()); }); }
+    std::uint64_t wrong(std::size_t count, int in_place) {
+      return by_dtype(a.type, [&](auto tag) { return count_wrong<decltype(tag)>(out(in_place), count, a.op, c.size()); });
     }
-    table.print(row);
-    if (bytes == a.max_bytes || bench::next_size(bytes, a) <= bytes) break;
-  }
-  table.footer();
+  } ops{c, a, send, recv};
+  const std::size_t total_wrong = bench::allreduce_sweep(a, table, ops);
   return total_wrong == 0 ? 0 : 1;
 }

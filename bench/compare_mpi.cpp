@@ -27,6 +27,7 @@
 
 #include "common/perf_args.hpp"
 #include "common/perf_check.hpp"
+#include "common/perf_sweep.hpp"
 
 namespace {
 
@@ -116,42 +117,38 @@ int main(int argc, char** argv) {
   bench::perf_table table(rank == 0, a, "allreduce", size, 2.0 * (size - 1) / size, "mpi");
   const std::string via = describe_mpi();
   table.header(via.c_str());
-  std::size_t total_wrong = 0;
-  for (std::size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes = bench::next_size(bytes, a)) {
-    const std::size_t count = bytes / esz;
-    const int icount = static_cast<int>(count);
-    bench::perf_row row{count * esz, count};
-    for (int in_place = 0; in_place < 2; ++in_place) {
-      void* sbuf = send.data();
-      void* rbuf = in_place ? send.data() : recv.data();
-      auto once = [&] {
-        MPI_Allreduce(in_place ? MPI_IN_PLACE : sbuf, rbuf, icount, type, op, MPI_COMM_WORLD);
-        if (avg) bench::by_dtype(a.type, [&](auto tag) { divide<decltype(tag)>(rbuf, count, size); });
-      };
-      for (int i = 0; i < a.warmup; ++i) once();
-      MPI_Barrier(MPI_COMM_WORLD);
-      double t0 = cclite::now_seconds();
-      for (int i = 0; i < a.iters; ++i) once();
-      double us = (cclite::now_seconds() - t0) * 1e6 / a.iters;
-      MPI_Allreduce(MPI_IN_PLACE, &us, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      std::size_t wrong = 0;
-      if (a.check) {
-        bench::by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(sbuf, count, rank); });
-        once();
-        wrong = bench::by_dtype(a.type, [&](auto tag) {
-          return bench::count_wrong<decltype(tag)>(rbuf, count, a.op, size);
-        });
-        unsigned long long w = wrong;
-        MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-        wrong = static_cast<std::size_t>(w);
-      }
-      total_wrong += wrong;
-      row.set(in_place, us, wrong);
+  // The calls of the sweep (common/perf_sweep.hpp), on MPI.
+  struct mpi_ops {
+    const bench::perf_args& a;
+    MPI_Datatype type;
+    MPI_Op op;
+    bool avg;
+    int rank, size;
+    std::uint8_t *send, *recv;
+    void* out(int in_place) const { return in_place ? send : recv; }
+    void once(std::size_t count, int in_place) {
+      void* rbuf = out(in_place);
+      MPI_Allreduce(in_place ? MPI_IN_PLACE : send, rbuf, static_cast<int>(count), type, op, MPI_COMM_WORLD);
+      if (avg) bench::by_dtype(a.type, [&](auto tag) { divide<decltype(tag)>(rbuf, count, size); });
     }
-    table.print(row);
-    if (bytes == a.max_bytes || bench::next_size(bytes, a) <= bytes) break;
-  }
-  table.footer();
+    void drain() {}
+    void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+    void max_over_ranks(double& v) { MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); }
+    void sum_over_ranks(std::uint64_t& v) {
+      unsigned long long w = v;
+      MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+      v = w;
+    }
+    void fill(std::size_t count) {
+      bench::by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(send, count, rank); });
+    }
+    std::uint64_t wrong(std::size_t count, int in_place) {
+      return bench::by_dtype(a.type, [&](auto tag) {
+        return bench::count_wrong<decltype(tag)>(out(in_place), count, a.op, size);
+      });
+    }
+  } ops{a, type, op, avg, rank, size, send.data(), recv.data()};
+  const std::size_t total_wrong = bench::allreduce_sweep(a, table, ops);
   MPI_Finalize();
   return total_wrong == 0 ? 0 : 1;
 }

@@ -25,6 +25,7 @@
 
 #include "common/perf_args.hpp"
 #include "common/perf_check.hpp"
+#include "common/perf_sweep.hpp"
 
 using namespace cclite;
 using device_comm = cuda::device_communicator<default_communicator>;
@@ -73,42 +74,33 @@ int main(int argc, char** argv) {
   bench::perf_table table(c.rank() == 0, a, "device_allreduce", c.size(), 2.0 * (c.size() - 1) / c.size(),
                           impl.c_str());
   table.header(what.c_str());
-  std::size_t total_wrong = 0;
-  for (std::size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes = bench::next_size(bytes, a)) {
-    const std::size_t count = bytes / esz;
-    bench::perf_row row{count * esz, count};
-    for (int in_place = 0; in_place < 2; ++in_place) {
-      void* sbuf = send.value().data();
-      void* rbuf = in_place ? sbuf : recv.value().data();
-      auto once = [&] { return dc.allreduce(sbuf, rbuf, count, a.type, a.op, stream); };
-      for (int i = 0; i < a.warmup; ++i) check(once());
-      check(dc.synchronize(stream));
-      check(c.barrier());
-      const double t0 = now_seconds();
-      for (int i = 0; i < a.iters; ++i) check(once());
-      check(dc.synchronize(stream));
-      double us = (now_seconds() - t0) * 1e6 / a.iters;
-      check(c.allreduce(&us, 1, reduce_op::max));  // the slowest rank sets the time
-      std::size_t wrong = 0;
-      if (a.check) {
-        bench::by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(host.data(), count, c.rank()); });
-        check(cuda::cuda_status(cudaMemcpy(sbuf, host.data(), count * esz, cudaMemcpyHostToDevice), "cudaMemcpy"));
-        check(once());
-        check(dc.synchronize(stream));
-        check(cuda::cuda_status(cudaMemcpy(host.data(), rbuf, count * esz, cudaMemcpyDeviceToHost), "cudaMemcpy"));
-        wrong = bench::by_dtype(a.type, [&](auto tag) {
-          return bench::count_wrong<decltype(tag)>(host.data(), count, a.op, c.size());
-        });
-        std::uint64_t w = wrong;
-        check(c.allreduce(&w, 1, reduce_op::sum));
-        wrong = static_cast<std::size_t>(w);
-      }
-      total_wrong += wrong;
-      row.set(in_place, us, wrong);
+  // The calls of the sweep (common/perf_sweep.hpp): enqueued on one stream,
+  // drained by synchronize(); the check's data goes through `host`.
+  struct device_ops {
+    device_comm& dc;
+    default_communicator& c;
+    const bench::perf_args& a;
+    cudaStream_t stream;
+    void *send, *recv;
+    std::vector<unsigned char>& host;
+    void* out(int in_place) const { return in_place ? send : recv; }
+    void once(std::size_t count, int in_place) { check(dc.allreduce(send, out(in_place), count, a.type, a.op, stream)); }
+    void drain() { check(dc.synchronize(stream)); }
+    void barrier() { check(c.barrier()); }
+    void max_over_ranks(double& v) { check(c.allreduce(&v, 1, reduce_op::max)); }
+    void sum_over_ranks(std::uint64_t& v) { check(c.allreduce(&v, 1, reduce_op::sum)); }
+    void fill(std::size_t count) {
+      bench::by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(host.data(), count, c.rank()); });
+      check(cuda::cuda_status(cudaMemcpy(send, host.data(), count * size_of(a.type), cudaMemcpyHostToDevice), "cudaMemcpy"));
     }
-    table.print(row);
-    if (bytes == a.max_bytes || bench::next_size(bytes, a) <= bytes) break;
-  }
-  table.footer();
+    std::uint64_t wrong(std::size_t count, int in_place) {
+      check(cuda::cuda_status(cudaMemcpy(host.data(), out(in_place), count * size_of(a.type), cudaMemcpyDeviceToHost),
+                              "cudaMemcpy"));
+      return bench::by_dtype(a.type, [&](auto tag) {
+        return bench::count_wrong<decltype(tag)>(host.data(), count, a.op, c.size());
+      });
+    }
+  } ops{dc, c, a, stream, send.value().data(), recv.value().data(), host};
+  const std::size_t total_wrong = bench::allreduce_sweep(a, table, ops);
   return total_wrong == 0 ? 0 : 1;
 }

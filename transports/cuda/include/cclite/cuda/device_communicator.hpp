@@ -392,12 +392,7 @@ class device_communicator {
                  int root, cudaStream_t stream, detail::v_args va = {}) {
     CCLITE_TRY(failure());
     op_desc d = op_desc::of(k, send, recv, count, t, op, root);
-    d.counts = va.counts;
-    d.displs = va.displs;
-    d.rcounts = va.rcounts;
-    d.rdispls = va.rdispls;
-    d.count2 = va.count2;
-    d.peer2 = va.peer2;
+    va.apply(d);
     CCLITE_TRY(detail::check_device_call(d, rank(), size()));
     if (k == collective_kind::alltoallv && send == recv) {  // MPI_IN_PLACE: the recv arrays both ways
       va.counts = va.rcounts;

@@ -160,6 +160,17 @@ struct v_args {
   const std::size_t* rdispls = nullptr;  ///< alltoallv: recv displacements
   std::size_t count2 = 0;                 ///< sendrecv: elements received
   int peer2 = 0;                          ///< sendrecv: the source
+
+  /// Copies them into `c`: an op_desc or a plan's call (the same field names).
+  template <class Call>
+  void apply(Call& c) const {
+    c.counts = counts;
+    c.displs = displs;
+    c.rcounts = rcounts;
+    c.rdispls = rdispls;
+    c.count2 = count2;
+    c.peer2 = peer2;
+  }
 };
 
 /// The common fields of a call, and the v-variants' / sendrecv's.
@@ -173,12 +184,7 @@ void describe_call(Call& c, collective_kind k, int rank, int size, int root, std
   c.count = count;
   c.elem = size_of(t);
   c.per_chunk = per_chunk;
-  c.counts = va.counts;
-  c.displs = va.displs;
-  c.rcounts = va.rcounts;
-  c.rdispls = va.rdispls;
-  c.count2 = va.count2;
-  c.peer2 = va.peer2;
+  va.apply(c);
 }
 
 /// The largest block of a v-variant call, which sets its number of chunks on
