@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cinttypes>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -38,35 +37,25 @@
 #include <utility>
 #include <vector>
 
-#include <cclite/algorithm/ring_allreduce.hpp>
-#include <cclite/algorithm/ring_broadcast.hpp>
-#include <cclite/algorithm/ring_gather.hpp>
-#include <cclite/collective/comm_algorithms.hpp>
-#include <cclite/collective/comm_core.hpp>
-#include <cclite/collective/comm_shared.hpp>
+#include <cclite/collective/comm_dispatch.hpp>
 #include <cclite/collective/device_hook.hpp>
 #include <cclite/collective/link_pool.hpp>
 #include <cclite/collective/op.hpp>
 #include <cclite/collective/work_queue.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/env.hpp>
-#include <cclite/core/reduce.hpp>
 
 namespace cclite {
 
 template <class... Transports>
-class communicator final : private detail::comm_shared<Transports...>, private detail::op_executor {
-  using core = detail::comm_shared<Transports...>;
+class communicator final : private detail::comm_dispatch<communicator<Transports...>, Transports...> {
+  using core = detail::comm_dispatch<communicator, Transports...>;
+  friend core;  // builds the hierarchical children through make_child()
   using core::rank_; using core::size_; using core::log_; using core::topo_; using core::peers_;
-  using core::pool_; using core::root_of_; using core::prefix_; using core::tag_; using core::comm_id_;
+  using core::pool_; using core::root_of_; using core::prefix_; using core::tag_;
   using core::timeout_; using core::chunk_bytes_; using core::aborted_;
-  using core::with_links; using core::ensure_links; using core::run_allgather;
-  using core::run_rooted_direct; using core::run_alltoall; using core::local_copy;
-  using core::run_rd_allreduce; using core::select_;
-  using core::check_mismatch_; using core::hdr_; using core::coll_seq_;
-  using core::has_direct; using core::direct_bytes_; using core::hold_links; using core::windows_;
-  using core::window_call; using core::run_window_allreduce;
-  using core::run_direct_allreduce; using core::small_direct_max;
+  using core::select_; using core::has_direct; using core::direct_bytes_; using core::hold_links;
+  using core::small_direct_max; using core::nested_;
 
  public:
 
@@ -296,8 +285,7 @@ CCLITE_SETUP_CODE_END
   /// Safe from any thread, e.g. a watchdog.
   void abort() noexcept {
     aborted_.store(true);
-    for (auto& child : hier_raw_)
-      if (communicator* c = child.load()) c->abort();
+    this->abort_children();
   }
 
  private:
@@ -345,8 +333,9 @@ CCLITE_SETUP_CODE_BEGIN
   }
 CCLITE_SETUP_CODE_END
 
-
   // ---- execution ------------------------------------------------------------------------
+  // A call is checked here, then queued (work_queue.hpp); the queue's thread
+  // or the caller runs it through comm_dispatch.hpp's execute().
 
   static op_desc rooted(collective_kind k, const void* send, void* recv, std::size_t count, dtype t,
                         reduce_op op, int root) {
@@ -381,295 +370,8 @@ CCLITE_SETUP_CODE_END
     return device_->run(d);
   }
 
-  status execute(const op_desc& d) override {
-    const std::uint64_t seq = ++seq_;
-    if (aborted_.load()) {
-      if (broken_.code() != errc::aborted) {
-        broken_ = make_error(errc::aborted, "communicator aborted (rank %d)", rank_);
-        broken_ = this->spread_failure(broken_, describe_call(d, seq));  // wakes the other ranks
-      }
-      return broken_;
-    }
-    if (!broken_.ok()) {
-      return status(broken_.code(), "communicator unusable after an earlier error: " + broken_.message());
-    }
-    if (pool_->failed.load()) {  // a communicator sharing our links failed: some are closed
-      status first = pool_->first_fault();
-      broken_ = status(first.code(), "a communicator sharing links with this one failed: " + first.message());
-      broken_ = this->spread_failure(broken_, describe_call(d, seq));  // wakes our other peers too
-      CCLITE_WARN(log_, "%s", broken_.to_string().c_str());
-      return broken_;
-    }
-    // One deadline for the whole call (waiting for the family's links
-    // included), read from the clock once: at 8 bytes a clock read is ~5% of
-    // the call (kvm-clock, 26 ns).
-    const deadline until = deadline::after(timeout_);
-    std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
-    if (!nested_) {
-      status st = hold_links(hold, until);
-      if (!st.ok()) return status(st.code(), describe_call(d, seq) + ": " + st.message());
-    }
-    log_call(d);
-    bool started = false;
-    status st = dispatch_checked(d, started, until);
-    if (!st.ok()) {
-      const std::string call = describe_call(d, seq);
-      st = status(st.code(), call + ": " + st.message());
-      // An argument error found once the other ranks are already in the call
-      // (our header went out) would leave them waiting: fatal like the rest.
-      if (started || (st.code() != errc::invalid_argument && st.code() != errc::unsupported)) {
-        st = this->spread_failure(std::move(st), call);
-        broken_ = st;
-      }
-      CCLITE_WARN(log_, "%s", st.to_string().c_str());
-    }
-    return st;
-  }
-
-  // dispatch() between the call-header exchange with the ring neighbours
-  // (collective/mismatch.hpp); `started` = our header went out.
-  status dispatch_checked(const op_desc& d, bool& started, deadline until) {
-    if (this->small_direct_ready(d)) {  // no link traffic: the header rides with the data
-      started = true;
-      detail::call_header h;
-      if (check_mismatch_) h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
-      return this->run_small_allreduce(d, check_mismatch_ ? &h : nullptr, true, until);
-    }
-    if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d, until);
-    started = true;
-    detail::call_header h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
-    if (this->window_call(d)) h.aux = detail::call_header::window_flag;  // a path of its own
-    status st = this->begin_checks(h, until);
-    if (st.ok()) st = dispatch(d, until);
-    if (st.ok()) st = this->end_checks(until);
-    if (st.code() == errc::timeout) st = this->explain_timeout(std::move(st));
-    hdr_.active = false;
-    return st;
-  }
-
-  // ---- algorithms per collective ------------------------------------------------------
-
-  status dispatch(const op_desc& d, deadline until) {
-    const std::size_t elem = d.kind == collective_kind::barrier ? 1 : size_of(d.type);
-    const reduction red = reduction_for(d.type, d.op);
-    const int n = size_, pos = topo_.ring_position(rank_);
-    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
-    const auto* send = static_cast<const std::uint8_t*>(d.send);
-    auto* recv = static_cast<std::uint8_t*>(d.recv);
-    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / elem);
-    const std::size_t bytes = d.count * elem;
-    auto ring = [&](auto&& fn) { return this->with_links(prev, next, elem, &red, until, fn); };
-    switch (d.kind) {
-      case collective_kind::allreduce:
-        if (n == 1) return local_copy(send, recv, bytes);
-        // The first small call builds the node-wide small group (later ones take
-        // dispatch_checked's small path, ahead of the header exchange).
-        if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
-        if (auto* w = this->window_call(d)) return run_window_allreduce(*w, recv, d.count, red, until);
-        switch (select_.choose(d.kind, bytes, n)) {
-          case algorithm::rd: return this->run_rd_allreduce(send, recv, d.count, red, until);
-          case algorithm::rhd: return this->run_hd_allreduce(send, recv, d.count, red, until);
-          case algorithm::tree: return this->run_tree_allreduce(send, recv, d.count, red, until);
-          case algorithm::hier:
-            if (select_.hier_possible()) return run_hier_allreduce(d, red, until);
-            break;  // one node, or nodes of different sizes: the ring
-          case algorithm::direct:
-            if (select_.direct_possible()) return run_direct_allreduce(send, recv, d.count, red, until);
-            break;  // several nodes or a non-shm link: the ring
-          default: break;
-        }
-        return ring([&](auto& pr) { return ring_allreduce(pr, send, recv, d.count, elem, red, n, pos, chunk); });
-      case collective_kind::broadcast: {
-        if (n == 1) return {};
-        if (select_.choose(d.kind, bytes, n) == algorithm::tree)
-          return this->run_tree_broadcast(recv, bytes, d.root, elem, until);
-        const int rel = (pos - topo_.ring_position(d.root) + n) % n;
-        return ring([&](auto& pr) { return ring_broadcast(pr, recv, bytes, n, rel); });
-      }
-      case collective_kind::barrier:
-        if (n == 1) return {};
-        if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
-        return ring([&](auto& pr) { return ring_barrier(pr, n, pos); });
-      case collective_kind::reduce: {
-        if (d.count && !send) return make_error(errc::invalid_argument, "reduce: null send buffer");
-        if (d.count && rank_ == d.root && !recv)
-          return make_error(errc::invalid_argument, "reduce: null recv buffer on the root");
-        if (n == 1) return local_copy(send, recv, bytes);
-        if (select_.choose(d.kind, bytes, n) == algorithm::tree)
-          return this->run_tree_reduce(send, recv, d.count, d.root, red, until);
-        const int rel = (pos - topo_.ring_position(d.root) + n) % n;
-        return ring([&](auto& pr) { return chain_reduce(pr, send, recv, d.count, elem, red, n, rel); });
-      }
-      case collective_kind::allgather:
-      case collective_kind::allgatherv:
-        return run_allgather(d, send, recv, elem, until);
-      case collective_kind::reduce_scatter:
-        if (n == 1) return local_copy(send, recv, bytes);
-        return ring([&](auto& pr) {
-          return ring_reduce_scatter(pr, send, recv, d.count, elem, red, n, pos, topo_.ring().data(), rank_, chunk);
-        });
-      case collective_kind::gather:
-      case collective_kind::scatter:
-        return run_rooted_direct(d, send, recv, bytes, elem, until);
-      case collective_kind::alltoall:
-      case collective_kind::alltoallv:
-        return run_alltoall(d, send, recv, elem, until);
-      case collective_kind::send:
-      case collective_kind::recv:
-      case collective_kind::sendrecv: {
-        const int dst = d.kind == collective_kind::recv ? -1 : d.root;
-        const int src = d.kind == collective_kind::send ? -1 : d.kind == collective_kind::recv ? d.root : d.peer2;
-        const std::size_t sbytes = d.kind == collective_kind::recv ? 0 : bytes;
-        const std::size_t rbytes = d.kind == collective_kind::send ? 0 : d.kind == collective_kind::recv ? bytes : d.count2 * elem;
-        if (dst == rank_ || src == rank_) {  // to or from ourselves: a copy
-          if (dst == rank_ && src == rank_) return local_copy(send, recv, std::min(sbytes, rbytes));
-          return make_error(errc::invalid_argument, "%s: a rank cannot send to itself without receiving from itself", to_string(d.kind));
-        }
-        int peers[2] = {dst < 0 ? src : dst, src < 0 ? dst : src};
-        CCLITE_TRY(ensure_links(peers, 2, until));
-        return this->with_links(peers[1], peers[0], elem, nullptr, until, [&](auto& pr) -> status {
-          CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
-          return pr.finish();
-        });
-      }
-    }
-    return make_error(errc::unsupported, "collective %d not implemented", static_cast<int>(d.kind));
-  }
-
-CCLITE_SETUP_CODE_BEGIN  // error messages and the hierarchical set-up: compiled for size
-  std::string describe_call(const op_desc& d, std::uint64_t seq) const {
-    char buf[200];
-    if (d.kind == collective_kind::barrier) {
-      std::snprintf(buf, sizeof buf, "rank %d: barrier #%" PRIu64, rank_, seq);
-    } else {
-      std::snprintf(buf, sizeof buf, "rank %d: %s #%" PRIu64 " (%zu x %s%s%s)", rank_, to_string(d.kind), seq,
-                    d.count, to_string(d.type), d.kind == collective_kind::allreduce ? ", " : "",
-                    d.kind == collective_kind::allreduce ? to_string(d.op) : "");
-    }
-    return buf;
-  }
-
-CCLITE_SETUP_CODE_END
-
-  // INFO: the algorithm of each call, once per (collective, power-of-two size class).
-  // (Outside the region: every call runs its first line.)
-  void log_call(const op_desc& d) {
-    if (!log_.enabled(log_level::info)) return;
-    std::size_t bytes = d.count * (d.kind == collective_kind::barrier ? 0 : size_of(d.type));
-    int cls = 0;
-    while (cls < 63 && (std::size_t(1) << cls) < bytes) ++cls;
-    std::uint64_t bit = std::uint64_t(1) << cls;
-    std::uint64_t& seen = logged_[static_cast<std::size_t>(d.kind)];
-    if (!(seen & bit)) {
-      seen |= bit;
-      const algorithm a = select_.choose(d.kind, bytes, size_);
-      const bool in_window = size_ > 1 && this->window_call(d) != nullptr;
-      const char* algo = size_ == 1 ? "local copy"
-                         : in_window ? "shared window (each rank reduces its slice in every rank's copy)"
-                         : this->small_direct(d) ? "shm-direct small (one synchronisation, the header beside the data)"
-                         : a == algorithm::rd ? "recursive doubling"
-                         : a == algorithm::rhd ? "halving-doubling (Rabenseifner)"
-                         : a == algorithm::tree ? (d.kind == collective_kind::allreduce ? "double binary tree" : "binary tree")
-                         : a == algorithm::hier && select_.hier_possible() ? "hierarchical (node reduce-scatter, cross-node allreduce, node allgather)"
-                         : a == algorithm::direct && select_.direct_possible() ? "shm-direct (each rank reduces its slice from the peers' buffers)"
-                                                : algorithm_name(d.kind);
-      CCLITE_INFO(log_, "%s: %zu bytes (class <= 2^%d): algorithm %s, chunk %zu bytes, ring %s/%s",
-                  to_string(d.kind), bytes, cls, algo, chunk_bytes_,
-                  size_ > 1 ? transport_of(topo_.ring_prev(rank_)) : "self",
-                  size_ > 1 ? transport_of(topo_.ring_next(rank_)) : "self");
-    }
-    CCLITE_TRACE(log_, "%s #%" PRIu64 ": count %zu", to_string(d.kind), seq_, d.count);
-  }
-
-CCLITE_SETUP_CODE_BEGIN
-  static const char* algorithm_name(collective_kind k) {
-    switch (k) {
-      case collective_kind::broadcast: return "ring chain";
-      case collective_kind::reduce: return "ring chain to the root";
-      case collective_kind::gather: case collective_kind::scatter: return "direct to/from the root";
-      case collective_kind::alltoall: case collective_kind::alltoallv: return "pairwise exchange";
-      case collective_kind::send: case collective_kind::recv: case collective_kind::sendrecv: return "direct";
-      default: return "ring";
-    }
-  }
-
-  // ---- hierarchical allreduce ---------------------------------------------------------
-
-  // The two child communicators, built on first use from the topology every
-  // rank already knows (no extra agreement): the ranks of this node, and the
-  // ranks with this local rank on every node (a node-leader per shard).
-  // Both share this communicator's links (link_pool.hpp); they run only inside
-  // its calls, which hold those links already.
-  status make_hier_children() {
-    const int node = topo_.node_of(rank_), lr = topo_.local_rank(rank_);
-    comm_options o;
-    o.timeout = timeout_;
-    o.chunk_bytes = chunk_bytes_;
-    std::vector<int> ranks = topo_.node_ranks(node);  // in local-rank order
-    auto in_node = make_child(ranks, "hier/node" + std::to_string(node), o, true);
-    if (!in_node) return status(in_node.error().code(), "building the node communicator: " + in_node.error().message());
-    ranks.clear();
-    for (int k = 0; k < topo_.node_count(); ++k) ranks.push_back(topo_.node_ranks(k)[static_cast<std::size_t>(lr)]);
-    auto across = make_child(ranks, "hier/cross" + std::to_string(lr), o, true);
-    if (!across) return status(across.error().code(), "building the cross-node communicator: " + across.error().message());
-    hier_node_ = std::move(in_node.value());
-    hier_cross_ = std::move(across.value());
-    hier_raw_[0] = hier_node_.get();
-    hier_raw_[1] = hier_cross_.get();
-    if (aborted_.load()) abort();
-    CCLITE_INFO(log_, "hierarchical allreduce: node %d (%d ranks over %s), shard %d across %d nodes over %s", node,
-                hier_node_->size(), hier_node_->size() > 1 ? hier_node_->transport_of((hier_node_->rank() + 1) % hier_node_->size()) : "self",
-                lr, hier_cross_->size(), hier_cross_->size() > 1 ? hier_cross_->transport_of((hier_cross_->rank() + 1) % hier_cross_->size()) : "self");
-    return {};
-  }
-
-CCLITE_SETUP_CODE_END
-
-  // Reduce-scatter inside the node (shard `local rank` of local_size shards
-  // lands in place), allreduce of that shard across nodes, allgather inside
-  // the node; the count % local_size tail elements are allreduced in the node,
-  // then across. avg sums at both levels and divides once at the end, so the
-  // result is the reference's (two integer divisions would truncate twice).
-  status run_hier_allreduce(const op_desc& d, const reduction& red, deadline until) {
-    // The children's calls share our links: our predecessor's header first.
-    CCLITE_TRY(this->settle_checks(until));
-    if (!hier_node_) CCLITE_TRY(make_hier_children());
-    communicator& in_node = *hier_node_;
-    communicator& across = *hier_cross_;
-    const std::size_t elem = red.elem_size, L = static_cast<std::size_t>(in_node.size());
-    const std::size_t q = d.count / L, tail = d.count - q * L;
-    const reduce_op inner = red.needs_divide ? reduce_op::sum : d.op;
-    const auto* send = static_cast<const std::uint8_t*>(d.send);
-    auto* recv = static_cast<std::uint8_t*>(d.recv);
-    std::uint8_t* shard = recv + static_cast<std::size_t>(in_node.rank()) * q * elem;
-    auto step = [](const char* what, status st) {
-      return st.ok() ? st : status(st.code(), std::string("hierarchical allreduce, ") + what + ": " + st.message());
-    };
-    if (q) {
-      CCLITE_TRY(step("reduce-scatter in the node", in_node.reduce_scatter(send, shard, q, d.type, inner)));
-      CCLITE_TRY(step("allreduce across nodes", across.allreduce(shard, shard, q, d.type, inner)));
-      if (red.needs_divide) red.divide(shard, q, size_);
-      CCLITE_TRY(step("allgather in the node", in_node.allgather(shard, recv, q, d.type)));
-    }
-    if (tail) {
-      std::uint8_t* t = recv + q * L * elem;
-      CCLITE_TRY(local_copy(send + q * L * elem, t, tail * elem));
-      CCLITE_TRY(step("tail in the node", in_node.allreduce(t, t, tail, d.type, inner)));
-      CCLITE_TRY(step("tail across nodes", across.allreduce(t, t, tail, d.type, inner)));
-      if (red.needs_divide) red.divide(t, tail, size_);
-    }
-    return {};
-  }
-
-  std::unique_ptr<communicator> hier_node_, hier_cross_;
-  std::atomic<communicator*> hier_raw_[2] = {};  // for abort() from another thread
-
-  std::uint64_t seq_ = 0;
   int splits_ = 0;
-  bool nested_ = false;  // a hierarchical child: runs inside the parent's calls
   device_hook* device_ = nullptr;  // set_device_hook()
-  status broken_;
-  std::uint64_t logged_[collective_kind_count] = {};
   // Reused between calls so that steady-state collectives do not allocate.
   detail::work_queue queue_;  // last: its thread must stop before the rest is destroyed
 };

@@ -1,0 +1,93 @@
+// cclite/collective/call_log.hpp - how a communicator names its calls: in
+// error messages ("rank 3: allreduce #57 (1048576 x float32, sum)") and in the
+// CCLITE_DEBUG=INFO log, which says once per (collective, power-of-two size
+// class) which algorithm runs it.
+#pragma once
+
+#include <cinttypes>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include <cclite/collective/op.hpp>
+#include <cclite/collective/select.hpp>
+#include <cclite/config.hpp>
+#include <cclite/core/dtype.hpp>
+
+namespace cclite::detail {
+
+/// Where one call goes, as far as the INFO line tells it.
+struct call_route {
+  bool local = false;            // a one-rank communicator: a copy
+  bool in_window = false;        // an allreduce of a shared window (comm_shared.hpp)
+  bool small_direct = false;     // shm-direct's small path
+  algorithm algo = algorithm::ring;  // the selector's choice
+  bool hier_possible = false, direct_possible = false;  // whether hier / direct apply here
+};
+
+CCLITE_SETUP_CODE_BEGIN  // error messages and log lines: compiled for size
+
+/// "rank R: KIND #SEQ (COUNT x DTYPE[, OP])", the prefix of a call's errors.
+inline std::string describe_call(const op_desc& d, std::uint64_t seq, int rank) {
+  char buf[200];
+  if (d.kind == collective_kind::barrier) {
+    std::snprintf(buf, sizeof buf, "rank %d: barrier #%" PRIu64, rank, seq);
+  } else {
+    const bool op = d.kind == collective_kind::allreduce;
+    std::snprintf(buf, sizeof buf, "rank %d: %s #%" PRIu64 " (%zu x %s%s%s)", rank, to_string(d.kind), seq, d.count,
+                  to_string(d.type), op ? ", " : "", op ? to_string(d.op) : "");
+  }
+  return buf;
+}
+
+/// The algorithm that runs a call of kind `k` routed as `r`, in words.
+inline const char* describe_algorithm(collective_kind k, const call_route& r) {
+  if (r.local) return "local copy";
+  if (r.in_window) return "shared window (each rank reduces its slice in every rank's copy)";
+  if (r.small_direct) return "shm-direct small (one synchronisation, the header beside the data)";
+  switch (r.algo) {
+    case algorithm::rd: return "recursive doubling";
+    case algorithm::rhd: return "halving-doubling (Rabenseifner)";
+    case algorithm::tree: return k == collective_kind::allreduce ? "double binary tree" : "binary tree";
+    case algorithm::hier:
+      if (r.hier_possible) return "hierarchical (node reduce-scatter, cross-node allreduce, node allgather)";
+      break;
+    case algorithm::direct:
+      if (r.direct_possible) return "shm-direct (each rank reduces its slice from the peers' buffers)";
+      break;
+    default: break;
+  }
+  switch (k) {  // the ring family's schedule for this collective
+    case collective_kind::broadcast: return "ring chain";
+    case collective_kind::reduce: return "ring chain to the root";
+    case collective_kind::gather: case collective_kind::scatter: return "direct to/from the root";
+    case collective_kind::alltoall: case collective_kind::alltoallv: return "pairwise exchange";
+    case collective_kind::send: case collective_kind::recv: case collective_kind::sendrecv: return "direct";
+    default: return "ring";
+  }
+}
+
+CCLITE_SETUP_CODE_END
+
+/// Remembers which (collective, power-of-two size class) pairs were logged.
+class call_log {
+ public:
+  /// True the first time a call of `d`'s kind and size class comes; `bytes`
+  /// and `cls` (its class: bytes <= 2^cls) are set either way.
+  bool first(const op_desc& d, std::size_t& bytes, int& cls) noexcept {
+    bytes = d.count * (d.kind == collective_kind::barrier ? 0 : size_of(d.type));
+    cls = 0;
+    while (cls < 63 && (std::size_t(1) << cls) < bytes) ++cls;
+    const std::uint64_t bit = std::uint64_t(1) << cls;
+    std::uint64_t& seen = seen_[static_cast<std::size_t>(d.kind)];
+    if (seen & bit) return false;
+    seen |= bit;
+    return true;
+  }
+
+ private:
+  std::uint64_t seen_[collective_kind_count] = {};
+};
+
+}  // namespace cclite::detail

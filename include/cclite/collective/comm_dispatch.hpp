@@ -1,0 +1,253 @@
+// cclite/collective/comm_dispatch.hpp - one call, from the work queue to an
+// algorithm: the communicator's failure state (a broken communicator answers
+// at once; a new failure is spread to the other ranks), the call-header
+// exchange that catches mismatched calls (mismatch.hpp), the algorithm for
+// each collective (the selector's choice, select.hpp) and the INFO log of it.
+// communicator<...> (communicator.hpp, the public API) derives from this and
+// hands its calls here through the work queue (work_queue.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <cclite/algorithm/ring_allreduce.hpp>
+#include <cclite/algorithm/ring_broadcast.hpp>
+#include <cclite/algorithm/ring_gather.hpp>
+#include <cclite/collective/call_log.hpp>
+#include <cclite/collective/comm_shared.hpp>
+#include <cclite/collective/hier_allreduce.hpp>
+#include <cclite/collective/op.hpp>
+#include <cclite/collective/work_queue.hpp>
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/reduce.hpp>
+
+namespace cclite::detail {
+
+/// `Comm`: the communicator type deriving from this (its make_child() builds
+/// the hierarchical algorithm's children).
+template <class Comm, class... Transports>
+class comm_dispatch : public comm_shared<Transports...>, public op_executor {
+  using core = comm_shared<Transports...>;
+
+ protected:
+  using core::rank_; using core::size_; using core::log_; using core::topo_;
+  using core::pool_; using core::comm_id_; using core::timeout_; using core::chunk_bytes_; using core::aborted_;
+  using core::with_links; using core::ensure_links; using core::run_allgather;
+  using core::run_rooted_direct; using core::run_alltoall; using core::local_copy;
+  using core::select_; using core::check_mismatch_; using core::hdr_; using core::coll_seq_;
+  using core::hold_links; using core::run_window_allreduce; using core::run_direct_allreduce;
+  using core::transport_of;
+
+  using core::core;
+
+  /// Aborts the hierarchical children too (their own flag: they may outlive us).
+  void abort_children() noexcept { hier_.abort(); }
+
+  status execute(const op_desc& d) override {
+    const std::uint64_t seq = ++seq_;
+    if (aborted_.load()) {
+      if (broken_.code() != errc::aborted) {
+        broken_ = make_error(errc::aborted, "communicator aborted (rank %d)", rank_);
+        broken_ = this->spread_failure(broken_, describe_call(d, seq));  // wakes the other ranks
+      }
+      return broken_;
+    }
+    if (!broken_.ok()) {
+      return status(broken_.code(), "communicator unusable after an earlier error: " + broken_.message());
+    }
+    if (pool_->failed.load()) {  // a communicator sharing our links failed: some are closed
+      status first = pool_->first_fault();
+      broken_ = status(first.code(), "a communicator sharing links with this one failed: " + first.message());
+      broken_ = this->spread_failure(broken_, describe_call(d, seq));  // wakes our other peers too
+      CCLITE_WARN(log_, "%s", broken_.to_string().c_str());
+      return broken_;
+    }
+    // One deadline for the whole call (waiting for the family's links
+    // included), read from the clock once: at 8 bytes a clock read is ~5% of
+    // the call (kvm-clock, 26 ns).
+    const deadline until = deadline::after(timeout_);
+    std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
+    if (!nested_) {
+      status st = hold_links(hold, until);
+      if (!st.ok()) return status(st.code(), describe_call(d, seq) + ": " + st.message());
+    }
+    log_call(d);
+    bool started = false;
+    status st = dispatch_checked(d, started, until);
+    if (!st.ok()) {
+      const std::string call = describe_call(d, seq);
+      st = status(st.code(), call + ": " + st.message());
+      // An argument error found once the other ranks are already in the call
+      // (our header went out) would leave them waiting: fatal like the rest.
+      if (started || (st.code() != errc::invalid_argument && st.code() != errc::unsupported)) {
+        st = this->spread_failure(std::move(st), call);
+        broken_ = st;
+      }
+      CCLITE_WARN(log_, "%s", st.to_string().c_str());
+    }
+    return st;
+  }
+
+  // dispatch() between the call-header exchange with the ring neighbours
+  // (collective/mismatch.hpp); `started` = our header went out.
+  status dispatch_checked(const op_desc& d, bool& started, deadline until) {
+    if (this->small_direct_ready(d)) {  // no link traffic: the header rides with the data
+      started = true;
+      detail::call_header h;
+      if (check_mismatch_) h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
+      return this->run_small_allreduce(d, check_mismatch_ ? &h : nullptr, true, until);
+    }
+    if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d, until);
+    started = true;
+    detail::call_header h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
+    if (this->window_call(d)) h.aux = detail::call_header::window_flag;  // a path of its own
+    status st = this->begin_checks(h, until);
+    if (st.ok()) st = dispatch(d, until);
+    if (st.ok()) st = this->end_checks(until);
+    if (st.code() == errc::timeout) st = this->explain_timeout(std::move(st));
+    hdr_.active = false;
+    return st;
+  }
+
+  // ---- algorithms per collective ------------------------------------------------------
+
+  status dispatch(const op_desc& d, deadline until) {
+    const std::size_t elem = d.kind == collective_kind::barrier ? 1 : size_of(d.type);
+    const reduction red = reduction_for(d.type, d.op);
+    const int n = size_, pos = topo_.ring_position(rank_);
+    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
+    const auto* send = static_cast<const std::uint8_t*>(d.send);
+    auto* recv = static_cast<std::uint8_t*>(d.recv);
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / elem);
+    const std::size_t bytes = d.count * elem;
+    auto ring = [&](auto&& fn) { return this->with_links(prev, next, elem, &red, until, fn); };
+    switch (d.kind) {
+      case collective_kind::allreduce:
+        if (n == 1) return local_copy(send, recv, bytes);
+        // The first small call builds the node-wide small group (later ones take
+        // dispatch_checked's small path, ahead of the header exchange).
+        if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
+        if (auto* w = this->window_call(d)) return run_window_allreduce(*w, recv, d.count, red, until);
+        switch (select_.choose(d.kind, bytes, n)) {
+          case algorithm::rd: return this->run_rd_allreduce(send, recv, d.count, red, until);
+          case algorithm::rhd: return this->run_hd_allreduce(send, recv, d.count, red, until);
+          case algorithm::tree: return this->run_tree_allreduce(send, recv, d.count, red, until);
+          case algorithm::hier:
+            if (select_.hier_possible()) return run_hier_allreduce(d, red, until);
+            break;  // one node, or nodes of different sizes: the ring
+          case algorithm::direct:
+            if (select_.direct_possible()) return run_direct_allreduce(send, recv, d.count, red, until);
+            break;  // several nodes or a non-shm link: the ring
+          default: break;
+        }
+        return ring([&](auto& pr) { return ring_allreduce(pr, send, recv, d.count, elem, red, n, pos, chunk); });
+      case collective_kind::broadcast: {
+        if (n == 1) return {};
+        if (select_.choose(d.kind, bytes, n) == algorithm::tree)
+          return this->run_tree_broadcast(recv, bytes, d.root, elem, until);
+        const int rel = (pos - topo_.ring_position(d.root) + n) % n;
+        return ring([&](auto& pr) { return ring_broadcast(pr, recv, bytes, n, rel); });
+      }
+      case collective_kind::barrier:
+        if (n == 1) return {};
+        if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
+        return ring([&](auto& pr) { return ring_barrier(pr, n, pos); });
+      case collective_kind::reduce: {
+        if (d.count && !send) return make_error(errc::invalid_argument, "reduce: null send buffer");
+        if (d.count && rank_ == d.root && !recv)
+          return make_error(errc::invalid_argument, "reduce: null recv buffer on the root");
+        if (n == 1) return local_copy(send, recv, bytes);
+        if (select_.choose(d.kind, bytes, n) == algorithm::tree)
+          return this->run_tree_reduce(send, recv, d.count, d.root, red, until);
+        const int rel = (pos - topo_.ring_position(d.root) + n) % n;
+        return ring([&](auto& pr) { return chain_reduce(pr, send, recv, d.count, elem, red, n, rel); });
+      }
+      case collective_kind::allgather:
+      case collective_kind::allgatherv:
+        return run_allgather(d, send, recv, elem, until);
+      case collective_kind::reduce_scatter:
+        if (n == 1) return local_copy(send, recv, bytes);
+        return ring([&](auto& pr) {
+          return ring_reduce_scatter(pr, send, recv, d.count, elem, red, n, pos, topo_.ring().data(), rank_, chunk);
+        });
+      case collective_kind::gather:
+      case collective_kind::scatter:
+        return run_rooted_direct(d, send, recv, bytes, elem, until);
+      case collective_kind::alltoall:
+      case collective_kind::alltoallv:
+        return run_alltoall(d, send, recv, elem, until);
+      case collective_kind::send:
+      case collective_kind::recv:
+      case collective_kind::sendrecv: {
+        const int dst = d.kind == collective_kind::recv ? -1 : d.root;
+        const int src = d.kind == collective_kind::send ? -1 : d.kind == collective_kind::recv ? d.root : d.peer2;
+        const std::size_t sbytes = d.kind == collective_kind::recv ? 0 : bytes;
+        const std::size_t rbytes = d.kind == collective_kind::send ? 0 : d.kind == collective_kind::recv ? bytes : d.count2 * elem;
+        if (dst == rank_ || src == rank_) {  // to or from ourselves: a copy
+          if (dst == rank_ && src == rank_) return local_copy(send, recv, std::min(sbytes, rbytes));
+          return make_error(errc::invalid_argument, "%s: a rank cannot send to itself without receiving from itself", to_string(d.kind));
+        }
+        int peers[2] = {dst < 0 ? src : dst, src < 0 ? dst : src};
+        CCLITE_TRY(ensure_links(peers, 2, until));
+        return this->with_links(peers[1], peers[0], elem, nullptr, until, [&](auto& pr) -> status {
+          CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
+          return pr.finish();
+        });
+      }
+    }
+    return make_error(errc::unsupported, "collective %d not implemented", static_cast<int>(d.kind));
+  }
+
+  std::string describe_call(const op_desc& d, std::uint64_t seq) const { return detail::describe_call(d, seq, rank_); }
+
+  // INFO: the algorithm of each call, once per (collective, power-of-two size class).
+  void log_call(const op_desc& d) {
+    if (!log_.enabled(log_level::info)) return;
+    std::size_t bytes = 0;
+    int cls = 0;
+    if (logged_.first(d, bytes, cls)) {
+      detail::call_route r;
+      r.local = size_ == 1;
+      r.in_window = size_ > 1 && this->window_call(d) != nullptr;
+      r.small_direct = this->small_direct(d);
+      r.algo = select_.choose(d.kind, bytes, size_);
+      r.hier_possible = select_.hier_possible();
+      r.direct_possible = select_.direct_possible();
+      CCLITE_INFO(log_, "%s: %zu bytes (class <= 2^%d): algorithm %s, chunk %zu bytes, ring %s/%s",
+                  to_string(d.kind), bytes, cls, detail::describe_algorithm(d.kind, r), chunk_bytes_,
+                  size_ > 1 ? transport_of(topo_.ring_prev(rank_)) : "self",
+                  size_ > 1 ? transport_of(topo_.ring_next(rank_)) : "self");
+    }
+    CCLITE_TRACE(log_, "%s #%" PRIu64 ": count %zu", to_string(d.kind), seq_, d.count);
+  }
+
+  // The hierarchical allreduce (hier_allreduce.hpp) on this communicator's
+  // two children, built on the first call that picks it.
+  status run_hier_allreduce(const op_desc& d, const reduction& red, deadline until) {
+    // The children's calls share our links: our predecessor's header first.
+    CCLITE_TRY(this->settle_checks(until));
+    if (!hier_.built()) {
+      comm_options o;
+      o.timeout = timeout_;
+      o.chunk_bytes = chunk_bytes_;
+      CCLITE_TRY(hier_.build(topo_, rank_, log_, [&](const std::vector<int>& ranks, const std::string& where) {
+        return static_cast<Comm*>(this)->make_child(ranks, where, o, true);
+      }));
+      if (aborted_.load()) hier_.abort();
+    }
+    return hier_.run(d, red, size_);
+  }
+
+
+  hier_allreduce<Comm> hier_;
+  std::uint64_t seq_ = 0;  // calls executed, for error messages
+  bool nested_ = false;  // a hierarchical child: runs inside the parent's calls
+  status broken_;  // the error that made this communicator unusable
+  call_log logged_;
+};
+
+}  // namespace cclite::detail
