@@ -44,19 +44,17 @@
 // done()). Collectives are issued from the calling thread, in the same order
 // on every rank (buckets in index order), as cclite requires.
 //
-// Device memory: a Comm that declares `static constexpr bool device_memory =
+// Where the gradients live (train/grad_storage.hpp): in the communicator's
+// shared window when it offers one (dp_options::shared_gradients), else in
+// ordinary memory; a Comm that declares `static constexpr bool device_memory =
 // true` (cclite::cuda::device_comm_adapter, cuda/device_data_parallel.hpp)
-// keeps the gradients *and the parameter values* in its own memory, each in one
-// flat buffer laid out in bucket order (a `parameter` holds host memory only).
-// The parameters then give names, sizes and initial values (uploaded, then
-// rank 0's broadcast there); the model reaches the memory through grad(p),
-// value(p), flat_grad() and flat_values(), and p.grad() stays the parameter's
-// own, unused. Such a Comm also provides `buffer` (move-only owner, float*
-// get()), alloc(n) -> result<buffer> (n zeroed floats), zero(ptr, n) noexcept
-// (a failure comes back from its next call) and copy(dst, src, n) (host <-> its
-// memory, complete on return); its collectives say when results are visible
-// (the adapter: in stream order). No shared window then; other communicators
-// compile none of this.
+// keeps the gradients *and the parameter values* in its own memory, each in
+// one flat buffer laid out in bucket order. The parameters then give names,
+// sizes and initial values (uploaded, then rank 0's broadcast there); the
+// model reaches the memory through grad(p), value(p), flat_grad() and
+// flat_values(), and p.grad() stays the parameter's own, unused. Its
+// collectives say when results are visible (the adapter: in stream order).
+// Other communicators compile none of this.
 //
 // Errors: create() returns the first failed collective, or errc::mismatch
 // when ranks registered different parameters. synchronize() returns the first
@@ -81,6 +79,7 @@
 #include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/train/bucket_plan.hpp>
+#include <cclite/train/grad_storage.hpp>
 #include <cclite/train/parameter.hpp>
 
 namespace cclite::train {
@@ -111,24 +110,6 @@ struct dp_options {
   bool shared_gradients = true;
 };
 
-namespace detail {
-template <class C, class = void>
-struct has_alloc_shared : std::false_type {};
-template <class C>
-struct has_alloc_shared<C, std::void_t<decltype(std::declval<C&>().alloc_shared(std::size_t{}))>> : std::true_type {};
-/// True when C keeps data_parallel's memory itself (see data_parallel.hpp's file comment).
-template <class C, class = void>
-struct device_memory : std::false_type {};
-template <class C>
-struct device_memory<C, std::enable_if_t<C::device_memory>> : std::true_type {};
-// The owner of device-mode memory; an empty stand-in for host communicators.
-struct no_buffer {};
-template <class C, bool = device_memory<C>::value>
-struct dp_buffer { using type = no_buffer; };
-template <class C>
-struct dp_buffer<C, true> { using type = typename C::buffer; };
-}  // namespace detail
-
 template <class Comm>
 class data_parallel {
  public:
@@ -158,18 +139,11 @@ class data_parallel {
     if (this != &o) {
       drain();
       unbind();  // the gradient buffer is about to go
-      release_shared();
       comm_ = o.comm_;
       params_ = std::move(o.params_);
       index_ = std::move(o.index_);
       plan_ = std::move(o.plan_);
-      own_ = std::move(o.own_);
-      grad_ = o.grad_;
-      grad_size_ = o.grad_size_;
-      dev_grad_ = std::move(o.dev_grad_);
-      dev_values_ = std::move(o.dev_values_);
-      shared_ = o.shared_;
-      o.grad_ = nullptr, o.grad_size_ = 0, o.shared_ = false;
+      store_ = std::move(o.store_);
       opts_ = o.opts_;
       slots_ = std::move(o.slots_);
       remaining_ = std::move(o.remaining_);
@@ -196,11 +170,10 @@ class data_parallel {
   ~data_parallel() {
     drain();
     unbind();
-    release_shared();
   }
 
   /// Whether gradients and values live in Comm's memory (see the file comment).
-  static constexpr bool on_device = detail::device_memory<Comm>::value;
+  static constexpr bool on_device = grad_storage<Comm>::on_device;
 
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
@@ -208,36 +181,30 @@ class data_parallel {
   const parameter_list& parameters() const noexcept { return params_; }
 
   /// All gradients, contiguous, in bucket order (reverse registration order).
-  float* flat_grad() noexcept { return grad_; }
-  std::size_t flat_size() const noexcept { return grad_size_; }
+  float* flat_grad() noexcept { return store_.grad(); }
+  std::size_t flat_size() const noexcept { return store_.size(); }
   /// Whether the gradients live in the communicator's shared window
   /// (dp_options::shared_gradients).
-  bool shared_gradients() const noexcept { return shared_; }
+  bool shared_gradients() const noexcept { return store_.shared(); }
 
   /// p's gradient and values (size() floats): on the host p.grad() and
   /// p.value(); in device memory the only way to them. Null if p is not ours.
   float* grad(const parameter& p) noexcept {
     auto it = index_.find(&p);
-    return it == index_.end() ? nullptr : grad_ + plan_.param_offset[it->second];
+    return it == index_.end() ? nullptr : store_.grad() + plan_.param_offset[it->second];
   }
   float* value(const parameter& p) noexcept {
     auto it = index_.find(&p);
     if (it == index_.end()) return nullptr;
-    if constexpr (on_device) return dev_values_.get() + plan_.param_offset[it->second];
+    if constexpr (on_device) return store_.values() + plan_.param_offset[it->second];
     else return params_[it->second]->value();
   }
   /// Device memory: all values, laid out as flat_grad(); null on the host
   /// (each parameter keeps its own).
-  float* flat_values() noexcept {
-    if constexpr (on_device) return dev_values_.get();
-    else return nullptr;
-  }
+  float* flat_values() noexcept { return store_.values(); }
 
   /// Zeroes every gradient (one memset over the buckets; Comm's zero() in device memory).
-  void zero_grad() noexcept {
-    if constexpr (on_device) comm_->zero(grad_, grad_size_);
-    else std::fill(grad_, grad_ + grad_size_, 0.0f);
-  }
+  void zero_grad() noexcept { store_.zero(); }
 
   /// Turns gradient communication on or off (off: accumulate locally).
   void set_sync(bool on) noexcept { sync_ = on; }
@@ -340,7 +307,7 @@ class data_parallel {
     {
       const auto& bk = plan_.buckets[last];
       timeline_[last].launched_us = micros(clock::now() - step_start_);
-      note(last, comm_->allreduce(grad_ + bk.offset, bk.count, reduce_op::avg));
+      note(last, comm_->allreduce(store_.grad() + bk.offset, bk.count, reduce_op::avg));
     }
     // Issue order is completion order (one queue), so these are done or nearly.
     for (std::size_t b = 0; b < last; ++b) note(b, slots_[b].w.wait(opts_.timeout));
@@ -420,7 +387,7 @@ class data_parallel {
   // one per parameter.
   status broadcast_values() {
     if (size() == 1) return {};
-    if constexpr (on_device) return comm_->broadcast(dev_values_.get(), grad_size_, 0);  // after build_buckets
+    if constexpr (on_device) return comm_->broadcast(store_.values(), store_.size(), 0);  // after build_buckets
     std::vector<float> packed(total_values());
     std::size_t off = 0;
     for (parameter* p : params_) {
@@ -454,49 +421,15 @@ class data_parallel {
     }
     plan_ = bucket_plan::make(sizes, sizeof(float), opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes, groups,
                               opts_.split_bytes);
-    grad_size_ = plan_.total;
-    if constexpr (on_device) CCLITE_TRY(alloc_device());
-    if constexpr (detail::has_alloc_shared<Comm>::value && !on_device) {
-      // Collective: every rank has the same size, options and plan.
-      if (opts_.shared_gradients && comm_->size() > 1 && plan_.total) {
-        auto p = comm_->alloc_shared(plan_.total * sizeof(float));
-        if (p) grad_ = static_cast<float*>(p.value()), shared_ = true;
-        else if (p.error().code() != errc::unsupported) return p.error();
-      }
-    }
-    if (!shared_ && !on_device) {
-      own_.assign(plan_.total, 0.0f);
-      grad_ = own_.data();
-    }
+    CCLITE_TRY(store_.allocate(*comm_, params_, plan_, opts_.shared_gradients));
     for (std::size_t i = 0; i < params_.size(); ++i) {
       index_[params_[i]] = i;
-      if constexpr (!on_device) params_[i]->bind_grad(grad_ + plan_.param_offset[i]);
+      if constexpr (!on_device) params_[i]->bind_grad(store_.grad() + plan_.param_offset[i]);
     }
     slots_.clear();
     slots_.resize(plan_.buckets.size());
     cursor_.assign(params_.size(), 0);
     reset_step();
-    return {};
-  }
-
-  // Device memory: zeroed gradients, and the values uploaded from the
-  // parameters in one copy (the parameters keep their own host gradients).
-  status alloc_device() {
-    if constexpr (on_device) {
-      auto g = comm_->alloc(plan_.total);
-      if (!g) return g.error();
-      auto v = comm_->alloc(plan_.total);
-      if (!v) return v.error();
-      dev_grad_ = std::move(g.value());
-      dev_values_ = std::move(v.value());
-      grad_ = dev_grad_.get();
-      std::vector<float> packed(plan_.total);
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        std::copy(params_[i]->value(), params_[i]->value() + params_[i]->size(),
-                  packed.begin() + static_cast<std::ptrdiff_t>(plan_.param_offset[i]));
-      }
-      return comm_->copy(dev_values_.get(), packed.data(), packed.size());
-    }
     return {};
   }
 
@@ -524,15 +457,7 @@ class data_parallel {
     const auto& bk = plan_.buckets[b];
     slots_[b].launched = clock::now();
     slots_[b].seen_done = clock::time_point{};
-    slots_[b].w = comm_->allreduce_async(grad_ + bk.offset, bk.count, reduce_op::avg);
-  }
-
-  void release_shared() noexcept {
-    if constexpr (detail::has_alloc_shared<Comm>::value) {
-      if (shared_ && comm_) (void)comm_->free_shared(grad_);
-    }
-    shared_ = false;
-    grad_ = nullptr;
+    slots_[b].w = comm_->allreduce_async(store_.grad() + bk.offset, bk.count, reduce_op::avg);
   }
 
   // Outstanding allreduces write into the gradients: they must finish before they go.
@@ -545,11 +470,7 @@ class data_parallel {
   parameter_list params_;
   std::unordered_map<const parameter*, std::size_t> index_;
   bucket_plan plan_;
-  float* grad_ = nullptr;  // all gradients, bucket order: own_ or the communicator's shared window
-  std::size_t grad_size_ = 0;
-  std::vector<float> own_;
-  typename detail::dp_buffer<Comm>::type dev_grad_, dev_values_;  // device memory only
-  bool shared_ = false;
+  grad_storage<Comm> store_;  // all gradients, bucket order
   dp_options opts_;
   std::vector<slot> slots_;
   std::vector<std::size_t> remaining_;  // per bucket: gradient elements not yet final this step
