@@ -14,7 +14,7 @@
 #include <cclite/cclite.hpp>
 #include <cclite/cuda/device_buffers.hpp>  // provides: device_buffers, device_communicator
 
-#include <cuda_runtime_api.h>
+#include <cuda_runtime.h>  // cudaMalloc(T**, size) among the C++ helpers
 
 #include <cstdio>
 #include <vector>

@@ -173,6 +173,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
   *s = reinterpret_cast<cudaStream_t>(new stream_st);
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete reinterpret_cast<stream_st*>(s);
   return cudaSuccess;

@@ -94,6 +94,33 @@ if(TARGET cclite::shm)
   target_link_libraries(data_parallel_emulated PRIVATE cclite::cclite cclite_emulated_cudart cclite_emulated_cublas)
   add_test(NAME data_parallel_emulated COMMAND data_parallel_emulated)
   set_tests_properties(data_parallel_emulated PROPERTIES TIMEOUT 300 LABELS "gpu")
+  # The two whole GPU programs the same way, 2 ranks through cclite-run: the
+  # README's device sample must print "correct" on both native paths, and
+  # device_allreduce_perf's check sweep must report #wrong 0 (its times are the
+  # host's and mean nothing).
+  if(TARGET cclite-run)
+    set(_emulated_hello ${PROJECT_SOURCE_DIR}/samples/hello_device_allreduce.cpp)
+    set(_emulated_perf ${PROJECT_SOURCE_DIR}/bench/device_allreduce_perf.cpp)
+    foreach(_prog hello_device_emulated device_allreduce_perf_emulated)
+      if(_prog STREQUAL hello_device_emulated)
+        add_executable(${_prog} ${_emulated_hello})
+      else()
+        add_executable(${_prog} ${_emulated_perf})
+        target_include_directories(${_prog} PRIVATE ${PROJECT_SOURCE_DIR}/bench)
+      endif()
+      target_include_directories(${_prog} PRIVATE ${PROJECT_SOURCE_DIR}/transports/cuda/include
+                                 ${CUDAToolkit_INCLUDE_DIRS})
+      target_compile_definitions(${_prog} PRIVATE CCLITE_HAS_CUDA=1)
+      target_link_libraries(${_prog} PRIVATE cclite::cclite cclite_emulated_cudart)
+    endforeach()
+    add_test(NAME hello_device_emulated
+      COMMAND ${CMAKE_CURRENT_LIST_DIR}/emulated_run.sh correct $<TARGET_FILE:cclite-run> --nproc-per-node 2
+              $<TARGET_FILE:hello_device_emulated>)
+    add_test(NAME device_allreduce_perf_emulated
+      COMMAND ${CMAKE_CURRENT_LIST_DIR}/device_perf.sh $<TARGET_FILE:device_allreduce_perf_emulated>
+              $<TARGET_FILE:cclite-run> emulated)
+    set_tests_properties(hello_device_emulated device_allreduce_perf_emulated PROPERTIES TIMEOUT 300 LABELS "gpu")
+  endif()
 endif()
 
 # train::data_parallel on device gradients (cuda/device_data_parallel.hpp): 2
