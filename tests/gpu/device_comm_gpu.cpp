@@ -685,6 +685,31 @@ int native_rank(const char* dir, int rank, int size) {
   return failed;
 }
 
+// One rank cannot get its pinned staging memory (the emulated runtime's
+// CCLITE_EMULATED_FAIL_PINNED): create() must fail on every rank at once, the
+// others naming that rank, instead of succeeding there and leaving them to
+// find out in their first call (or the failed rank's IPC path waiting for them
+// in its destructor) until the communicator's timeout, 60 s here.
+int pinned_failure_rank(const char* dir, int rank, int size) {
+  if (rank == 1) ::setenv("CCLITE_EMULATED_FAIL_PINNED", "1", 1);
+  auto kv = file_store::open(dir);
+  OR_DIE(kv.ok() ? status() : kv.error());
+  comm_options co;
+  co.timeout = std::chrono::seconds(60);
+  auto comm = default_communicator::create(*kv.value(), rank, size, co);
+  OR_DIE(comm.ok() ? status() : comm.error());
+  cuda::device_options o;
+  o.backend = "native";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto made = device_comm::create(*comm.value(), o);
+  const double sec = seconds_since(t0);
+  const std::string why = made.ok() ? "created" : made.error().to_string();
+  // Under 30 s: well below the timeout, so nobody waited for it.
+  const bool ok = !made.ok() && sec < 30 && (rank == 1 || why.find("rank 1") != std::string::npos);
+  std::printf("RESULT devcomm pinned_failure_rank%d %s (%.1f s: %s)\n", rank, ok ? "ok" : "FAIL", sec, why.c_str());
+  return ok ? 0 : 1;
+}
+
 #if defined(CCLITE_HAS_NCCL)
 // One process, NCCL engine (NCCL allows one rank per GPU, and there is one GPU).
 int nccl_rank(const char* dir) {
@@ -730,6 +755,13 @@ int main() {
   const int size = 2;
   int bad = gpu_test::in_processes("devcomm", size, [&](const char* dir, int rank) { return native_rank(dir, rank, size); });
   std::printf("RESULT devcomm native_check_ranks %d %s\n", size, bad ? "FAIL" : "ok");
+  if (emulated) {  // a failure only the emulation can inject
+    const int pbad = gpu_test::in_processes("devcomm", size, [&](const char* dir, int rank) {
+      return pinned_failure_rank(dir, rank, size);
+    });
+    std::printf("RESULT devcomm pinned_failure_ranks %d %s\n", size, pbad ? "FAIL" : "ok");
+    bad += pbad;
+  }
 #if defined(CCLITE_HAS_NCCL)
   const int nbad = gpu_test::in_processes("devcomm", 1, [](const char* dir, int) { return nccl_rank(dir); });
   std::printf("RESULT devcomm nccl_check_ranks 1 %s\n", nbad ? "FAIL" : "ok");

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -126,6 +127,11 @@ cudaError_t cudaFree(void* p) {
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+  // A process that runs out of pinned memory (device_comm_gpu's set-up failure case).
+  if (std::getenv("CCLITE_EMULATED_FAIL_PINNED")) {
+    *p = nullptr;
+    return fail(cudaErrorMemoryAllocation);
+  }
   *p = ::operator new(std::max<size_t>(bytes, 1));
   std::lock_guard<std::mutex> g(mu);
   regions[reinterpret_cast<std::uintptr_t>(*p)] = region{std::max<size_t>(bytes, 1), -1, cudaMemoryTypeHost, false};

@@ -7,7 +7,8 @@
 // node, every peer's GPU reachable), they agree with one allreduce(min), and
 // either all map each other's slots (ipc_engine.hpp) or all stage through
 // pinned host memory (staged_engine.hpp); a set-up failure on any rank sends
-// all of them to staging. The staged path exists either way: with IPC it
+// all of them to staging, and one on the staged path fails create() on all
+// of them. The staged path exists either way: with IPC it
 // carries send / recv / sendrecv, since point to point has no barrier to order
 // the IPC slots by (pinned memory: slots x chunk_bytes, 16 MiB by default).
 // CCLITE_DEBUG=INFO logs the choice, why, and every peer link (ipc.hpp's
@@ -35,7 +36,8 @@ template <class Comm>
 class native_engine {
  public:
   /// Collective over `host`; `dev` is this rank's (current) device. Errors:
-  /// the CPU communicator's, or the staged path's set-up (pinned memory).
+  /// the CPU communicator's, or the staged path's set-up (pinned memory) on
+  /// any rank: every rank fails then, the others naming the first that did.
   static result<std::unique_ptr<native_engine>> create(Comm& host, int dev, const device_options& o,
                                                        milliseconds timeout) {
     std::unique_ptr<native_engine> e(new native_engine(host, dev, o, timeout));
@@ -46,7 +48,20 @@ class native_engine {
     c.max_pending_chunks = o.max_pending_chunks;
     c.timeout = timeout;
     auto st = staged_engine<Comm>::create(host, c);
+    // Every rank learns whether all got their staging memory: a rank failing
+    // alone would leave the others to find out in their first call, and its IPC
+    // path's destructor waiting for them, each until the timeout. The lowest
+    // failed rank is named (size: none).
+    std::int64_t first_failed = st ? host.size() : host.rank();
+    const status agreed = host.allreduce(&first_failed, &first_failed, 1, dtype::int64, reduce_op::min);
     if (!st) return st.error();
+    CCLITE_TRY(agreed);
+    if (first_failed < host.size()) {
+      return make_error(errc::resource_exhausted,
+                        "device_communicator: rank %lld could not set up the native engine's staging path "
+                        "(pinned host memory: %d x %zu B; its own error says why)",
+                        static_cast<long long>(first_failed), c.slots, c.chunk_bytes);
+    }
     e->staged_ = std::move(st.value());
     return result<std::unique_ptr<native_engine>>(std::move(e));
   }
