@@ -3,13 +3,24 @@
 // on a machine without a GPU (device_comm_emulated in tests/gpu/gpu.cmake).
 //
 // Not a GPU: "device" memory is ordinary memory (memfd-backed, so that another
-// process can map it through a CUDA IPC handle), every copy, memset and host
-// function runs at once on the calling thread, streams and events only exist
-// (a record is complete at once, a wait has nothing to wait for), the device
-// reduction kernel is cclite's host kernel. So it runs the engines' chunking,
-// offsets, call sequences, handle exchanges, collective agreements and
-// destructors for real between processes, but says nothing about stream
-// ordering on a GPU (everything is in order here) or speed. One device, index 0.
+// process can map it through a CUDA IPC handle), the device reduction kernel is
+// cclite's host kernel. So it runs the engines' chunking, offsets, call
+// sequences, handle exchanges, collective agreements and destructors for real
+// between processes, but says nothing about speed. One device, index 0.
+//
+// Two modes:
+//  - in order (default): every copy, memset, kernel and host function runs at
+//    once on the calling thread; streams and events only exist.
+//  - asynchronous (CCLITE_EMULATED_ASYNC=1): every stream is a thread running
+//    its operations in order, later than they were issued and after random
+//    short delays; events are counters (in memory another process maps, for
+//    CUDA IPC events); cudaStreamWaitEvent holds a stream until the event's
+//    last record before the call has run. An engine that reads a result before
+//    its stream produced it, or orders two streams wrongly, then sees wrong
+//    bytes or a hang. As on a GPU: operations on the legacy default stream
+//    (0) and cudaMemcpy wait for the blocking streams; copies to or from
+//    pageable host memory wait for their stream and run at once; cudaFree,
+//    cudaFreeHost and cudaDeviceSynchronize wait for every stream.
 #include <cuda_runtime_api.h>
 
 #include <fcntl.h>
@@ -17,13 +28,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <deque>
+#include <functional>
 #include <mutex>
+#include <random>
+#include <set>
 #include <string>
+#include <thread>
 
 #include <cclite/core/reduce.hpp>
 
@@ -62,12 +81,151 @@ struct mem_handle {
 };
 static_assert(sizeof(mem_handle) <= sizeof(cudaIpcMemHandle_t), "handle too small");
 
+bool async_mode() {
+  static const bool on = std::getenv("CCLITE_EMULATED_ASYNC") != nullptr;
+  return on;
+}
+
+// ---- events: two counters each, in an arena another process can map ----------
+
+struct ev_state {
+  std::atomic<std::uint64_t> recorded{0};   // records issued
+  std::atomic<std::uint64_t> completed{0};  // the last record that has run
+};
+constexpr std::size_t arena_events = 1 << 16;
+struct arena {
+  int fd = -1;
+  ev_state* ev = nullptr;
+  std::atomic<std::size_t> next{0};
+};
+arena& own_arena() {
+  static arena a;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::size_t bytes = arena_events * sizeof(ev_state);
+    a.fd = memfd_create("cclite-emulated-events", 0);
+    if (a.fd >= 0 && ftruncate(a.fd, static_cast<off_t>(bytes)) == 0) {
+      void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0);
+      if (m != MAP_FAILED) a.ev = static_cast<ev_state*>(m);
+    }
+  });
+  return a;
+}
 struct event_st {
-  int unused = 0;
+  ev_state* st = nullptr;
+  std::uint32_t index = 0;
 };
+struct ev_handle {  // what crosses a process boundary in an event handle
+  std::int32_t pid;
+  std::int32_t fd;
+  std::uint32_t index;
+};
+static_assert(sizeof(ev_handle) <= sizeof(cudaIpcEventHandle_t), "handle too small");
+
+void mark_completed(ev_state* e, std::uint64_t n) {
+  std::uint64_t c = e->completed.load();
+  while (c < n && !e->completed.compare_exchange_weak(c, n)) {
+  }
+}
+bool event_done(const ev_state* e, std::uint64_t target) { return e->completed.load() >= target; }
+void wait_event(const ev_state* e, std::uint64_t target) {
+  while (!event_done(e, target)) std::this_thread::sleep_for(std::chrono::microseconds(20));
+}
+
+// ---- streams: a thread each, operations in issue order -------------------------
+
 struct stream_st {
-  int unused = 0;
+  explicit stream_st(bool blocking_) : blocking(blocking_) {
+    if (async_mode()) worker = std::thread([this] { run(); });
+  }
+  ~stream_st() {
+    if (!worker.joinable()) return;
+    drain();
+    {
+      std::lock_guard<std::mutex> g(m);
+      stop = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }
+  void push(std::function<void()> op) {
+    {
+      std::lock_guard<std::mutex> g(m);
+      q.push_back(std::move(op));
+      ++pending;
+    }
+    cv.notify_all();
+  }
+  bool idle() {
+    std::lock_guard<std::mutex> g(m);
+    return pending == 0;
+  }
+  void drain() {
+    std::unique_lock<std::mutex> g(m);
+    cv.wait(g, [&] { return pending == 0; });
+  }
+  void run() {
+    std::minstd_rand rng(static_cast<unsigned>(getpid()) * 7919u + static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(this)));
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::unique_lock<std::mutex> g(m);
+        cv.wait(g, [&] { return stop || !q.empty(); });
+        if (q.empty()) return;
+        op = std::move(q.front());
+        q.pop_front();
+      }
+      // Later than issued, by a different amount each time: what was issued
+      // after this operation on another stream or the host often runs first.
+      if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+      op();
+      {
+        std::lock_guard<std::mutex> g(m);
+        --pending;
+      }
+      cv.notify_all();
+    }
+  }
+  const bool blocking;
+  std::thread worker;
+  std::mutex m;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> q;
+  std::size_t pending = 0;
+  bool stop = false;
 };
+
+std::mutex streams_mu;
+std::set<stream_st*> streams;
+
+// Waits for every stream (or every blocking one).
+void drain_streams(bool blocking_only) {
+  std::vector<stream_st*> all;
+  {
+    std::lock_guard<std::mutex> g(streams_mu);
+    all.assign(streams.begin(), streams.end());
+  }
+  for (stream_st* s : all)
+    if (!blocking_only || s->blocking) s->drain();
+}
+
+// Runs `op` in stream order: at once in order mode or on the legacy default
+// stream (after the blocking streams), else on the stream's thread.
+void issue(cudaStream_t s, std::function<void()> op) {
+  if (!async_mode()) return op();
+  if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) {
+    drain_streams(true);
+    return op();
+  }
+  reinterpret_cast<stream_st*>(s)->push(std::move(op));
+}
+
+bool pinned_or_device(const void* p);
+
+bool pinned_or_device(const void* p) {
+  std::lock_guard<std::mutex> g(mu);
+  return find(p) != nullptr;
+}
 
 }  // namespace
 
@@ -118,6 +276,7 @@ cudaError_t cudaMalloc(void** p, size_t bytes) {
 }
 cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
+  if (async_mode()) drain_streams(false);
   std::lock_guard<std::mutex> g(mu);
   auto it = regions.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == regions.end()) return fail(cudaErrorInvalidValue);
@@ -138,6 +297,7 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
   return cudaSuccess;
 }
 cudaError_t cudaFreeHost(void* p) {
+  if (async_mode()) drain_streams(false);
   std::lock_guard<std::mutex> g(mu);
   regions.erase(reinterpret_cast<std::uintptr_t>(p));
   ::operator delete(p);
@@ -157,53 +317,110 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
 }
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+  if (async_mode()) drain_streams(true);  // the legacy default stream
   if (n) std::memmove(dst, src, n);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind k, cudaStream_t) {
-  return cudaMemcpy(dst, src, n, k);
+// Pageable host memory on either side: the copy is done (or staged) before
+// the call returns, as CUDA does it, after what was issued before it.
+void issue_copy(cudaStream_t s, void* dst, const void* src, std::function<void()> op) {
+  if (async_mode() && s && !(pinned_or_device(dst) && pinned_or_device(src))) {
+    reinterpret_cast<stream_st*>(s)->drain();
+    return op();
+  }
+  issue(s, std::move(op));
 }
-cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind, cudaStream_t) {
-  if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
-  for (size_t r = 0; r < height; ++r)
-    std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+  issue_copy(s, dst, src, [=] {
+    if (n) std::memmove(dst, src, n);
+  });
   return cudaSuccess;
 }
-cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
-  std::memset(p, v, n);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind, cudaStream_t s) {
+  if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
+  issue_copy(s, dst, src, [=] {
+    for (size_t r = 0; r < height; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
+  issue(s, [=] { std::memset(p, v, n); });
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int) {
-  *s = reinterpret_cast<cudaStream_t>(new stream_st);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+  auto* st = new stream_st((flags & cudaStreamNonBlocking) == 0);
+  {
+    std::lock_guard<std::mutex> g(streams_mu);
+    streams.insert(st);
+  }
+  *s = reinterpret_cast<cudaStream_t>(st);
   return cudaSuccess;
 }
 cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-  delete reinterpret_cast<stream_st*>(s);
+  auto* st = reinterpret_cast<stream_st*>(s);
+  {
+    std::lock_guard<std::mutex> g(streams_mu);
+    streams.erase(st);
+  }
+  delete st;  // runs what is left first
   return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
-cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void* data) {
-  fn(data);  // everything before it on the stream has run already
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  if (!async_mode() || !s) return cudaSuccess;
+  return reinterpret_cast<stream_st*>(s)->idle() ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaDeviceSynchronize() {
+  if (async_mode()) drain_streams(false);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  if (!async_mode()) return cudaSuccess;
+  if (!s) drain_streams(true);
+  else reinterpret_cast<stream_st*>(s)->drain();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  if (!async_mode()) return cudaSuccess;
+  ev_state* st = reinterpret_cast<event_st*>(e)->st;
+  const std::uint64_t target = st->recorded.load();  // the last record issued before this call
+  issue(s, [=] { wait_event(st, target); });
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data) {
+  issue(s, [=] { fn(data); });  // in order mode everything before it has run already
   return cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
-  *e = reinterpret_cast<cudaEvent_t>(new event_st);
+  arena& a = own_arena();
+  const std::size_t i = a.next++;
+  if (!a.ev || i >= arena_events) return fail(cudaErrorMemoryAllocation);
+  *e = reinterpret_cast<cudaEvent_t>(new event_st{&a.ev[i], static_cast<std::uint32_t>(i)});
   return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete reinterpret_cast<event_st*>(e);
   return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  ev_state* st = reinterpret_cast<event_st*>(e)->st;
+  const std::uint64_t n = ++st->recorded;
+  issue(s, [=] { mark_completed(st, n); });
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  const ev_state* st = reinterpret_cast<event_st*>(e)->st;
+  return event_done(st, st->recorded.load()) ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  const ev_state* st = reinterpret_cast<event_st*>(e)->st;
+  wait_event(st, st->recorded.load());
+  return cudaSuccess;
+}
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
   std::lock_guard<std::mutex> g(mu);
@@ -230,6 +447,7 @@ cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned int) {
   return cudaSuccess;
 }
 cudaError_t cudaIpcCloseMemHandle(void* p) {
+  if (async_mode()) drain_streams(false);
   std::lock_guard<std::mutex> g(mu);
   auto* r = find(p);
   if (!r || !r->second.mapped) return fail(cudaErrorInvalidValue);
@@ -237,23 +455,44 @@ cudaError_t cudaIpcCloseMemHandle(void* p) {
   regions.erase(r->first);
   return cudaSuccess;
 }
-cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* h, cudaEvent_t) {
-  std::memset(h, 0x11, sizeof *h);
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t* h, cudaEvent_t e) {
+  ev_handle x{static_cast<std::int32_t>(getpid()), own_arena().fd, reinterpret_cast<event_st*>(e)->index};
+  std::memset(h, 0, sizeof *h);
+  std::memcpy(h, &x, sizeof x);
   return cudaSuccess;
 }
-cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* e, cudaIpcEventHandle_t) {
-  *e = reinterpret_cast<cudaEvent_t>(new event_st);
+// The peer's event counters, in its arena (mapped once per process).
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t* e, cudaIpcEventHandle_t h) {
+  ev_handle x{};
+  std::memcpy(&x, &h, sizeof x);
+  static std::mutex arenas_mu;
+  static std::map<std::int32_t, ev_state*> arenas;
+  std::lock_guard<std::mutex> g(arenas_mu);
+  ev_state*& base = arenas[x.pid];
+  if (!base) {
+    const std::string path = "/proc/" + std::to_string(x.pid) + "/fd/" + std::to_string(x.fd);
+    const int fd = open(path.c_str(), O_RDWR);
+    if (fd < 0) return fail(cudaErrorInvalidResourceHandle);
+    void* m = mmap(nullptr, arena_events * sizeof(ev_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return fail(cudaErrorMapBufferObjectFailed);
+    base = static_cast<ev_state*>(m);
+  }
+  if (x.index >= arena_events) return fail(cudaErrorInvalidResourceHandle);
+  *e = reinterpret_cast<cudaEvent_t>(new event_st{&base[x.index], x.index});
   return cudaSuccess;
 }
 
 // The device reduction kernel's entry point (cuda/device_reduce.hpp), on the host:
 // out = a op b, avg divided by avg_divisor at the last step as the kernel does.
 cudaError_t cclite_cuda_device_reduce(void* out, const void* a, const void* b, std::size_t count, int t, int op,
-                                      int avg_divisor, cudaStream_t) {
+                                      int avg_divisor, cudaStream_t s) {
   const cclite::reduction red = cclite::reduction_for(static_cast<cclite::dtype>(t), static_cast<cclite::reduce_op>(op));
-  if (out != a) std::memmove(out, a, count * red.elem_size);
-  red.inplace(out, b, count);
-  if (avg_divisor > 0 && red.needs_divide) red.divide(out, count, avg_divisor);
+  issue(s, [=] {
+    if (out != a) std::memmove(out, a, count * red.elem_size);
+    red.inplace(out, b, count);
+    if (avg_divisor > 0 && red.needs_divide) red.divide(out, count, avg_divisor);
+  });
   return cudaSuccess;
 }
 

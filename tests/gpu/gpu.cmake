@@ -68,9 +68,10 @@ if(TARGET cclite::shm OR TARGET cclite::tcp)
 endif()
 
 # device_comm_gpu's host-side logic on a stand-in CUDA runtime (emulated_cudart.cpp:
-# host memory, everything at once on the calling thread), so that the engines'
-# chunking, handle exchanges and call sequences run between real processes here.
-# Not a GPU test: it says nothing about stream ordering on a device or speed.
+# host memory; everything at once on the calling thread, or each stream on a
+# thread of its own), so that the engines' chunking, handle exchanges, call
+# sequences and stream ordering run between real processes here. Not a GPU test:
+# it says nothing about kernels, real CUDA IPC or speed.
 if(TARGET cclite::shm)
   add_library(cclite_emulated_cudart SHARED ${CMAKE_CURRENT_LIST_DIR}/emulated_cudart.cpp)
   target_include_directories(cclite_emulated_cudart PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
@@ -82,10 +83,16 @@ if(TARGET cclite::shm)
   target_compile_definitions(device_comm_emulated PRIVATE CCLITE_HAS_CUDA=1 CCLITE_TEST_EMULATED_CUDA=1)
   target_link_libraries(device_comm_emulated PRIVATE cclite::cclite cclite_emulated_cudart)
   add_test(NAME device_comm_emulated COMMAND device_comm_emulated)
-  set_tests_properties(device_comm_emulated PROPERTIES TIMEOUT 300 LABELS "gpu")
+  # The same with every stream on a thread of its own, running later than issued
+  # (emulated_cudart.cpp's asynchronous mode): a missing event wait or an engine
+  # reading a result its stream has not produced yet gives wrong bytes there.
+  add_test(NAME device_comm_emulated_async COMMAND device_comm_emulated)
+  set_tests_properties(device_comm_emulated_async PROPERTIES ENVIRONMENT CCLITE_EMULATED_ASYNC=1)
+  set_tests_properties(device_comm_emulated device_comm_emulated_async PROPERTIES TIMEOUT 300 LABELS "gpu")
   # data_parallel on device gradients the same way, its cuBLAS calls on the host too.
   add_library(cclite_emulated_cublas SHARED ${CMAKE_CURRENT_LIST_DIR}/emulated_cublas.cpp)
   target_include_directories(cclite_emulated_cublas PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(cclite_emulated_cublas PRIVATE cclite_emulated_cudart)  # its calls go through streams
   set_target_properties(cclite_emulated_cublas PROPERTIES CXX_VISIBILITY_PRESET default)
   add_executable(data_parallel_emulated ${CMAKE_CURRENT_LIST_DIR}/data_parallel_gpu.cpp)
   target_include_directories(data_parallel_emulated PRIVATE ${PROJECT_SOURCE_DIR}/transports/cuda/include
@@ -93,7 +100,9 @@ if(TARGET cclite::shm)
   target_compile_definitions(data_parallel_emulated PRIVATE CCLITE_HAS_CUDA=1 CCLITE_TEST_EMULATED_CUDA=1)
   target_link_libraries(data_parallel_emulated PRIVATE cclite::cclite cclite_emulated_cudart cclite_emulated_cublas)
   add_test(NAME data_parallel_emulated COMMAND data_parallel_emulated)
-  set_tests_properties(data_parallel_emulated PROPERTIES TIMEOUT 300 LABELS "gpu")
+  add_test(NAME data_parallel_emulated_async COMMAND data_parallel_emulated)
+  set_tests_properties(data_parallel_emulated_async PROPERTIES ENVIRONMENT CCLITE_EMULATED_ASYNC=1)
+  set_tests_properties(data_parallel_emulated data_parallel_emulated_async PROPERTIES TIMEOUT 300 LABELS "gpu")
   # The two whole GPU programs the same way, 2 ranks through cclite-run: the
   # README's device sample must print "correct" on both native paths, and
   # device_allreduce_perf's check sweep must report #wrong 0 (its times are the
@@ -119,7 +128,8 @@ if(TARGET cclite::shm)
     add_test(NAME device_allreduce_perf_emulated
       COMMAND ${CMAKE_CURRENT_LIST_DIR}/device_perf.sh $<TARGET_FILE:device_allreduce_perf_emulated>
               $<TARGET_FILE:cclite-run> emulated)
-    set_tests_properties(hello_device_emulated device_allreduce_perf_emulated PROPERTIES TIMEOUT 300 LABELS "gpu")
+    set_tests_properties(hello_device_emulated device_allreduce_perf_emulated PROPERTIES TIMEOUT 300 LABELS "gpu"
+                         ENVIRONMENT CCLITE_EMULATED_ASYNC=1)  # streams on threads, as on a GPU
   endif()
 endif()
 
