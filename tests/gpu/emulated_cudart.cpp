@@ -13,13 +13,14 @@
 //    once on the calling thread; streams and events only exist.
 //  - asynchronous (CCLITE_EMULATED_ASYNC=1): every stream is a thread running
 //    its operations in order, later than they were issued and after random
-//    short delays; events are counters (in memory another process maps, for
-//    CUDA IPC events); cudaStreamWaitEvent holds a stream until the event's
-//    last record before the call has run. An engine that reads a result before
+//    short delays; events count their records (in memory another process
+//    maps, for CUDA IPC events); cudaStreamWaitEvent holds a stream until the
+//    event's last record before the call has run. An engine that reads a result before
 //    its stream produced it, or orders two streams wrongly, then sees wrong
 //    bytes or a hang. As on a GPU: operations on the legacy default stream
-//    (0) and cudaMemcpy wait for the blocking streams; copies to or from
-//    pageable host memory wait for their stream and run at once; cudaFree,
+//    (0) and cudaMemcpy wait for the blocking streams; a copy into pageable
+//    host memory is done when the call returns, one from it stages the source
+//    at the call and writes the destination in stream order; cudaFree,
 //    cudaFreeHost and cudaDeviceSynchronize wait for every stream.
 #include <cuda_runtime_api.h>
 
@@ -36,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -43,6 +45,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <cclite/core/reduce.hpp>
 
@@ -88,11 +91,16 @@ bool async_mode() {
 
 // ---- events: two counters each, in an arena another process can map ----------
 
+// Record n of an event has run when done[n % ring] == n. One event may be
+// recorded on several streams, whose records then run in any order, and a wait
+// is for the record before it, not for a later one (as in CUDA): hence one
+// entry per record in flight, not a single "completed" count.
+constexpr std::uint64_t ring = 64;
 struct ev_state {
-  std::atomic<std::uint64_t> recorded{0};   // records issued
-  std::atomic<std::uint64_t> completed{0};  // the last record that has run
+  std::atomic<std::uint64_t> recorded{0};  // records issued
+  std::atomic<std::uint64_t> done[ring] = {};
 };
-constexpr std::size_t arena_events = 1 << 16;
+constexpr std::size_t arena_events = 1 << 14;  // sparse: only pages of created events are touched
 struct arena {
   int fd = -1;
   ev_state* ev = nullptr;
@@ -122,12 +130,10 @@ struct ev_handle {  // what crosses a process boundary in an event handle
 };
 static_assert(sizeof(ev_handle) <= sizeof(cudaIpcEventHandle_t), "handle too small");
 
-void mark_completed(ev_state* e, std::uint64_t n) {
-  std::uint64_t c = e->completed.load();
-  while (c < n && !e->completed.compare_exchange_weak(c, n)) {
-  }
-}
-bool event_done(const ev_state* e, std::uint64_t target) { return e->completed.load() >= target; }
+void mark_completed(ev_state* e, std::uint64_t n) { e->done[n % ring].store(n); }
+// Record `target` has run (0: never recorded; a record 64 or more later reusing
+// its entry means it ran long ago).
+bool event_done(const ev_state* e, std::uint64_t target) { return target == 0 || e->done[target % ring].load() >= target; }
 void wait_event(const ev_state* e, std::uint64_t target) {
   while (!event_done(e, target)) std::this_thread::sleep_for(std::chrono::microseconds(20));
 }
@@ -321,28 +327,39 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   if (n) std::memmove(dst, src, n);
   return cudaSuccess;
 }
-// Pageable host memory on either side: the copy is done (or staged) before
-// the call returns, as CUDA does it, after what was issued before it.
-void issue_copy(cudaStream_t s, void* dst, const void* src, std::function<void()> op) {
-  if (async_mode() && s && !(pinned_or_device(dst) && pinned_or_device(src))) {
-    reinterpret_cast<stream_st*>(s)->drain();
-    return op();
+// A copy of `rows` rows of `width` bytes, `spitch` / `dpitch` apart, in
+// stream order, as CUDA runs it with pageable host memory: from it, the
+// source is staged at the call and the copy into `dst` runs in stream order
+// (so a later write to the source does not change it, and the destination is
+// written late); into it, the call returns once the copy is done.
+void issue_copy(cudaStream_t s, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
+  auto copy = [=](const void* from) {
+    for (size_t r = 0; r < rows; ++r)
+      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(from) + r * spitch, width);
+  };
+  if (!width || !rows) return;
+  if (!async_mode() || !s || s == cudaStreamLegacy || s == cudaStreamPerThread)
+    return issue(s, [=] { copy(src); });
+  auto* st = reinterpret_cast<stream_st*>(s);
+  if (!pinned_or_device(dst)) {  // into pageable memory: done on return
+    st->drain();
+    return copy(src);
   }
-  issue(s, std::move(op));
+  if (!pinned_or_device(src)) {  // from pageable memory: staged now, copied later
+    const size_t bytes = (rows - 1) * spitch + width;
+    auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+    return st->push([=] { copy(staged->data()); });
+  }
+  st->push([=] { copy(src); });
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
-  issue_copy(s, dst, src, [=] {
-    if (n) std::memmove(dst, src, n);
-  });
+  issue_copy(s, dst, n, src, n, n, 1);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind, cudaStream_t s) {
   if (width > dpitch || width > spitch) return fail(cudaErrorInvalidPitchValue);
-  issue_copy(s, dst, src, [=] {
-    for (size_t r = 0; r < height; ++r)
-      std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
-  });
+  issue_copy(s, dst, dpitch, src, spitch, width, height);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t s) {
