@@ -215,18 +215,20 @@ void drain_streams(bool blocking_only) {
     if (!blocking_only || s->blocking) s->drain();
 }
 
+// The thread of `s` in asynchronous mode; null in order mode or for the
+// legacy default stream.
+stream_st* async_stream(cudaStream_t s) {
+  if (!async_mode() || !s || s == cudaStreamLegacy || s == cudaStreamPerThread) return nullptr;
+  return reinterpret_cast<stream_st*>(s);
+}
+
 // Runs `op` in stream order: at once in order mode or on the legacy default
 // stream (after the blocking streams), else on the stream's thread.
 void issue(cudaStream_t s, std::function<void()> op) {
-  if (!async_mode()) return op();
-  if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) {
-    drain_streams(true);
-    return op();
-  }
-  reinterpret_cast<stream_st*>(s)->push(std::move(op));
+  if (stream_st* st = async_stream(s)) return st->push(std::move(op));
+  if (async_mode()) drain_streams(true);
+  op();
 }
-
-bool pinned_or_device(const void* p);
 
 bool pinned_or_device(const void* p) {
   std::lock_guard<std::mutex> g(mu);
@@ -338,9 +340,8 @@ void issue_copy(cudaStream_t s, void* dst, size_t dpitch, const void* src, size_
       std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(from) + r * spitch, width);
   };
   if (!width || !rows) return;
-  if (!async_mode() || !s || s == cudaStreamLegacy || s == cudaStreamPerThread)
-    return issue(s, [=] { copy(src); });
-  auto* st = reinterpret_cast<stream_st*>(s);
+  stream_st* st = async_stream(s);
+  if (!st) return issue(s, [=] { copy(src); });
   if (!pinned_or_device(dst)) {  // into pageable memory: done on return
     st->drain();
     return copy(src);
