@@ -93,6 +93,90 @@ TEST_CASE("async: several allreduces in flight, then blocking calls, in order") 
   });
 }
 
+namespace {
+// Every *_async form the communicator has besides allreduce, issued back to
+// back before any is waited for; a blocking call queued behind them; then
+// every result checked. The point-to-point ones form a chain 0 -> 1 -> ... ->
+// 0 (each rank's receive comes before its send, except rank 0's) with
+// messages larger than any link buffer, so a call that ran out of issue
+// order, or a send that returned before its peer received, would show.
+int every_async_form(default_communicator& c, store&) {
+  const int n = c.size(), r = c.rank();
+  const std::size_t count = 1000, big = 3u << 20;
+  auto val = [](int from, int to, std::size_t i) { return static_cast<std::int32_t>(from * 1000003 + to * 1009 + i); };
+
+  std::vector<std::int32_t> gsend(count), grecv(r == 1 ? count * n : 0);
+  for (std::size_t i = 0; i < count; ++i) gsend[i] = val(r, 1, i);
+  std::vector<std::int32_t> ssend(r == n - 1 ? count * n : 0), srecv(count);
+  for (int to = 0; to < n && r == n - 1; ++to)
+    for (std::size_t i = 0; i < count; ++i) ssend[to * count + i] = val(n - 1, to, i);
+  // allgatherv: rank q contributes q + 1 elements at displs[q] (gaps between blocks).
+  std::vector<std::size_t> vcounts(n), vdispls(n);
+  for (int q = 0; q < n; ++q) vcounts[q] = q + 1, vdispls[q] = q == 0 ? 0 : vdispls[q - 1] + vcounts[q - 1] + 2;
+  std::vector<std::int32_t> vsend(vcounts[r]), vrecv(vdispls[n - 1] + vcounts[n - 1], -1);
+  for (std::size_t i = 0; i < vsend.size(); ++i) vsend[i] = val(r, -1, i);
+  // alltoallv: r sends r + to + 1 elements to `to`.
+  std::vector<std::size_t> sc(n), sd(n), rc(n), rd(n);
+  for (int q = 0; q < n; ++q) {
+    sc[q] = r + q + 1, rc[q] = q + r + 1;
+    sd[q] = q == 0 ? 0 : sd[q - 1] + sc[q - 1];
+    rd[q] = q == 0 ? 0 : rd[q - 1] + rc[q - 1];
+  }
+  std::vector<std::int32_t> asend(sd[n - 1] + sc[n - 1]), arecv(rd[n - 1] + rc[n - 1]);
+  for (int q = 0; q < n; ++q)
+    for (std::size_t i = 0; i < sc[q]; ++i) asend[sd[q] + i] = val(r, q, i);
+  // sendrecv ring shift and the send / recv chain, both past the link buffers.
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<std::int32_t> xsend(big), xrecv(big), psend(big), precv(big);
+  for (std::size_t i = 0; i < big; ++i) xsend[i] = val(r, next, i), psend[i] = val(r, next, i + 7);
+
+  std::vector<work> ws;
+  ws.push_back(c.gather_async(gsend.data(), grecv.data(), count, dtype::int32, 1));
+  ws.push_back(c.scatter_async(ssend.data(), srecv.data(), count, dtype::int32, n - 1));
+  ws.push_back(c.allgatherv_async(vsend.data(), vsend.size(), vrecv.data(), vcounts.data(), vdispls.data(),
+                                  dtype::int32));
+  ws.push_back(c.alltoallv_async(asend.data(), sc.data(), sd.data(), arecv.data(), rc.data(), rd.data(),
+                                 dtype::int32));
+  ws.push_back(c.sendrecv_async(xsend.data(), big, next, xrecv.data(), big, prev, dtype::int32));
+  if (r == 0) {
+    ws.push_back(c.send_async(psend.data(), big, dtype::int32, next));
+    ws.push_back(c.recv_async(precv.data(), big, dtype::int32, prev));
+  } else {
+    ws.push_back(c.recv_async(precv.data(), big, dtype::int32, prev));
+    ws.push_back(c.send_async(psend.data(), big, dtype::int32, next));
+  }
+  std::int32_t tail = 1;
+  MP_REQUIRE_OK(c.allreduce(&tail, 1));  // runs after all of the above
+  MP_CHECK(tail == n);
+  for (auto& w : ws) MP_CHECK(w.done());  // the blocking call waited for them
+  for (auto& w : ws) MP_REQUIRE_OK(w.wait(std::chrono::seconds(60)));
+
+  int wrong = 0;
+  auto expect = [&](const char* what, std::int32_t got, std::int32_t want) {
+    if (got != want && wrong++ < 5) std::fprintf(stderr, "rank %d: %s: got %d, want %d\n", r, what, got, want);
+  };
+  for (int q = 0; q < n && r == 1; ++q)
+    for (std::size_t i = 0; i < count; ++i) expect("gather", grecv[q * count + i], val(q, 1, i));
+  for (std::size_t i = 0; i < count; ++i) expect("scatter", srecv[i], val(n - 1, r, i));
+  for (int q = 0; q < n; ++q) {
+    for (std::size_t i = 0; i < vcounts[q]; ++i) expect("allgatherv", vrecv[vdispls[q] + i], val(q, -1, i));
+    if (q + 1 < n) expect("allgatherv gap", vrecv[vdispls[q] + vcounts[q]], -1);
+    for (std::size_t i = 0; i < rc[q]; ++i) expect("alltoallv", arecv[rd[q] + i], val(q, r, i));
+  }
+  for (std::size_t i = 0; i < big; ++i) {
+    expect("sendrecv", xrecv[i], val(prev, r, i));
+    expect("recv", precv[i], val(prev, r, i + 7));
+  }
+  return wrong ? 1 : 0;
+}
+}  // namespace
+
+TEST_CASE("async: every call has an async form, run in issue order, shm / tcp / mixed") {
+  run(3, net::shm_only, every_async_form);
+  run(2, net::tcp_only, every_async_form);
+  run(4, net::mixed, every_async_form);
+}
+
 TEST_CASE("argument errors are reported and leave the communicator usable") {
   run(2, net::shm_only, [](default_communicator& c, store&) {
     MP_CHECK(c.allreduce(nullptr, nullptr, 4, dtype::float32, reduce_op::sum).code() == errc::invalid_argument);

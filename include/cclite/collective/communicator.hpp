@@ -102,9 +102,12 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
 
   // ---- collectives --------------------------------------------------------------
   //
-  // Every collective has a blocking form returning `status` and an `_async`
-  // form returning a `work` handle; both run in issue order. Counts are in
-  // elements of `t`. Typed overloads take T* and deduce the dtype.
+  // Every call has a blocking form returning `status` and an `_async` form
+  // returning a `work` handle; both run in issue order. Counts are in
+  // elements of `t`. Typed overloads take T* and deduce the dtype. An async
+  // call reads its buffers, and the count / displacement arrays of the
+  // v-variants, while it runs: keep them alive and unchanged until its
+  // work::wait() returns (MPI's rule for nonblocking collectives).
 
   /// recv[i] = send[i] (op) over all ranks. `send == recv` is the in-place form.
   status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
@@ -162,6 +165,10 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
                     const std::size_t* displs, dtype t) {
     return run(vdesc(collective_kind::allgatherv, send, send_count, recv, counts, displs, nullptr, nullptr, t));
   }
+  work allgatherv_async(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
+                        const std::size_t* displs, dtype t) {
+    return submit(vdesc(collective_kind::allgatherv, send, send_count, recv, counts, displs, nullptr, nullptr, t));
+  }
 
   /// recv (count) = block rank() of every rank's send (size() * count), reduced.
   /// In place: recv == send + rank() * count.
@@ -190,33 +197,57 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
     return run(vdesc(collective_kind::alltoallv, send, 0, recv, send_counts, send_displs, recv_counts,
                      recv_displs, t));
   }
+  work alltoallv_async(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
+                       void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t) {
+    return submit(vdesc(collective_kind::alltoallv, send, 0, recv, send_counts, send_displs, recv_counts,
+                        recv_displs, t));
+  }
 
   /// root's recv (size() * count) = every rank's send (count) in rank order.
   status gather(const void* send, void* recv, std::size_t count, dtype t, int root) {
     return run(rooted(collective_kind::gather, send, recv, count, t, reduce_op::sum, root));
   }
+  work gather_async(const void* send, void* recv, std::size_t count, dtype t, int root) {
+    return submit(rooted(collective_kind::gather, send, recv, count, t, reduce_op::sum, root));
+  }
   /// Every rank's recv (count) = block rank() of root's send (size() * count).
   status scatter(const void* send, void* recv, std::size_t count, dtype t, int root) {
     return run(rooted(collective_kind::scatter, send, recv, count, t, reduce_op::sum, root));
+  }
+  work scatter_async(const void* send, void* recv, std::size_t count, dtype t, int root) {
+    return submit(rooted(collective_kind::scatter, send, recv, count, t, reduce_op::sum, root));
   }
 
   /// Point to point: `peer` must call recv (or sendrecv) with the same count
   /// and dtype. Calls to one peer match in issue order. A send larger than the
   /// link buffer completes only once the peer receives.
+  ///
+  /// The async forms queue behind every earlier call and run one at a time,
+  /// like NCCL's ncclSend / ncclRecv outside a group, not like MPI_Isend: two
+  /// ranks that each issue send_async then recv_async to the other deadlock
+  /// (until the deadline) once the message exceeds the link buffer. Exchange
+  /// with sendrecv / sendrecv_async, which moves both directions at once.
   status send(const void* buf, std::size_t count, dtype t, int peer) {
     return run(rooted(collective_kind::send, buf, nullptr, count, t, reduce_op::sum, peer));
   }
+  work send_async(const void* buf, std::size_t count, dtype t, int peer) {
+    return submit(rooted(collective_kind::send, buf, nullptr, count, t, reduce_op::sum, peer));
+  }
   status recv(void* buf, std::size_t count, dtype t, int peer) {
     return run(rooted(collective_kind::recv, nullptr, buf, count, t, reduce_op::sum, peer));
+  }
+  work recv_async(void* buf, std::size_t count, dtype t, int peer) {
+    return submit(rooted(collective_kind::recv, nullptr, buf, count, t, reduce_op::sum, peer));
   }
   /// Sends to `dst` and receives from `src` at the same time (no deadlock
   /// when two ranks exchange large messages).
   status sendrecv(const void* send, std::size_t send_count, int dst, void* recv,
                   std::size_t recv_count, int src, dtype t) {
-    op_desc d = rooted(collective_kind::sendrecv, send, recv, send_count, t, reduce_op::sum, dst);
-    d.peer2 = src;
-    d.count2 = recv_count;
-    return run(d);
+    return run(sendrecv_desc(send, send_count, dst, recv, recv_count, src, t));
+  }
+  work sendrecv_async(const void* send, std::size_t send_count, int dst, void* recv, std::size_t recv_count,
+                      int src, dtype t) {
+    return submit(sendrecv_desc(send, send_count, dst, recv, recv_count, src, t));
   }
 
   /// Returns once every rank called barrier().
@@ -340,6 +371,13 @@ CCLITE_SETUP_CODE_END
   static op_desc rooted(collective_kind k, const void* send, void* recv, std::size_t count, dtype t,
                         reduce_op op, int root) {
     return op_desc::of(k, send, recv, count, t, op, root);
+  }
+  static op_desc sendrecv_desc(const void* send, std::size_t send_count, int dst, void* recv,
+                               std::size_t recv_count, int src, dtype t) {
+    op_desc d = rooted(collective_kind::sendrecv, send, recv, send_count, t, reduce_op::sum, dst);
+    d.peer2 = src;
+    d.count2 = recv_count;
+    return d;
   }
   static op_desc vdesc(collective_kind k, const void* send, std::size_t send_count, void* recv,
                        const std::size_t* counts, const std::size_t* displs, const std::size_t* rcounts,
