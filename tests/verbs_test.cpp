@@ -17,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <cclite/bootstrap/memory_store.hpp>
@@ -605,6 +606,54 @@ TEST_CASE("verbs hardware: small FIFO and several QPs force wraparound and credi
   // hundreds of times and every block boundary changes QP.
   run_job("verbs", {{"CCLITE_IB_BUFFSIZE", "64K"}, {"CCLITE_IB_BLOCK", "16K"}, {"CCLITE_IB_QPS_PER_CONNECTION", "3"},
                     {"CCLITE_IB_SPIN_US", "0"}});
+}
+
+TEST_CASE("verbs hardware: a receiver that comes late gets every byte (credits hold the sender back)") {
+  if (!have_rdma()) {
+    MESSAGE("no active RDMA port here: skipped");
+    return;
+  }
+  // Rank 0 sends 4 MiB into a 64 KiB FIFO while rank 1 sleeps before it
+  // receives: rank 0 must stop once the FIFO is full and go on only as rank 1
+  // returns credits. A sender that wrote past its credits would overwrite
+  // bytes rank 1 has not read yet.
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      2,
+      [&](int rank, int size) {
+        auto kv = test::open_dir_store(dir.path);
+        comm_options o;
+        o.timeout = milliseconds(60000);
+        auto c = verbs_comm::create(*kv, rank, size, o);
+        MP_REQUIRE_OK(c);
+        auto& comm = *c.value();
+        MP_CHECK(std::strcmp(comm.transport_of(1 - rank), "verbs") == 0);
+        const std::size_t n = std::size_t(1) << 20;
+        std::vector<std::uint32_t> v(n);
+        for (int round = 0; round < 3; ++round) {
+          if (rank == 0) {
+            for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint32_t>(i * 2654435761u + round);
+            MP_REQUIRE_OK(comm.send(v.data(), n, dtype::uint32, 1));
+          } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            MP_REQUIRE_OK(comm.recv(v.data(), n, dtype::uint32, 0));
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < n; ++i) wrong += v[i] != static_cast<std::uint32_t>(i * 2654435761u + round);
+            if (wrong) std::fprintf(stderr, "rank 1: round %d: %zu of %zu words wrong\n", round, wrong, n);
+            MP_CHECK(wrong == 0);
+          }
+        }
+        MP_REQUIRE_OK(comm.barrier());
+        return 0;
+      },
+      std::chrono::seconds(180), [&](int) {
+        ::unsetenv("CCLITE_IB_DISABLE");
+        ::setenv("CCLITE_IB_BUFFSIZE", "64K", 1);
+        ::setenv("CCLITE_IB_BLOCK", "16K", 1);
+        ::setenv("CCLITE_IB_QPS_PER_CONNECTION", "3", 1);
+      });
+  INFO(r.describe());
+  CHECK(r.all_ok());
 }
 
 TEST_CASE("verbs hardware: the transport's registration cache registers a user buffer with ibv_reg_mr") {

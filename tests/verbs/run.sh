@@ -2,8 +2,11 @@
 # tests/verbs/run.sh - the verbs transport on a machine that has RDMA: real
 # InfiniBand / RoCE NICs, or Soft-RoCE (rdma_rxe) on any Ethernet interface.
 #
-# The development machines have no RDMA device, so ctest there only runs the
-# zero-device half of tests/verbs_test.cpp. This script runs the other half:
+# The development machines have no RDMA device, so ctest there runs the
+# zero-device half of tests/verbs_test.cpp against the real libibverbs, and the
+# other half against a stand-in for it (tests/verbs/emulated_ibverbs.cpp:
+# verbs_emulated_test, collectives_verbs_emulated). This script runs that half
+# on a real device:
 #
 #   1. verbs_test, whose "verbs hardware:" cases then connect two ranks over
 #      RDMA (default settings, then a 64 KiB FIFO on 3 QPs: wraparound, credits);

@@ -184,7 +184,7 @@ struct qp_record {
     };
     if (s.compare(0, 7, "verbs1 ") != 0) return bad();
     std::string n, qpns, gid;
-    std::uint64_t psn, lid, mtu, addr, rkey, cap, block;
+    std::uint64_t psn = 0, lid = 0, mtu = 0, addr = 0, rkey = 0, cap = 0, block = 0;
     if (!detail::field(s, "n", n) || !detail::field(s, "qpn", qpns) || !detail::field_u64(s, "psn", psn) ||
         !detail::field_u64(s, "lid", lid) || !detail::field_u64(s, "mtu", mtu) ||
         !detail::field_u64(s, "addr", addr) || !detail::field_u64(s, "rkey", rkey) ||
