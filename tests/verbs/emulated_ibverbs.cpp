@@ -31,8 +31,12 @@
 // and exited sees the failed credit return of that collective only later, not
 // while it is still finishing the same call.
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -147,6 +151,7 @@ struct emu_qp {
   qp_file* remote = nullptr;  // the peer QP's ring, from RTR on
   mr_file* remote_mrs = nullptr;  // the peer process's memory regions
   int remote_wake = -1;       // the peer's channel FIFO, opened for writing
+  int remote_pidfd = -1;      // readable once the peer process exited (its QPs died with it)
   std::deque<std::uint64_t> recvs;  // posted receive requests (wr_id)
   bool broken = false;
   std::chrono::nanoseconds retries{std::chrono::milliseconds(540)};  // until retry exceeded (RTS attributes)
@@ -161,10 +166,22 @@ struct emu_cq {
   std::vector<emu_qp*> qps;    // QPs receiving into this CQ
 };
 
+// The peer may have closed its channel already (it destroyed its link):
+// writing to a FIFO without a reader raises SIGPIPE, which must not reach the
+// program (the trick of blocking it and taking a pending one back).
 void wake(int fd) {
   if (fd < 0) return;
+  sigset_t pipe, old;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, &old);
   char b = 1;
-  (void)!::write(fd, &b, 1);  // EAGAIN: a wake-up is already pending
+  if (::write(fd, &b, 1) < 0 && errno == EPIPE) {  // EAGAIN: a wake-up is already pending
+    const timespec zero{0, 0};
+    while (sigtimedwait(&pipe, nullptr, &zero) > 0) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 bool local_range_ok(std::uint32_t lkey, std::uint64_t addr, std::uint64_t len) {
@@ -179,6 +196,14 @@ bool remote_range_ok(const mr_file* f, std::uint32_t rkey, std::uint64_t addr, s
     if (e.rkey.load() == rkey)
       return (e.access & IBV_ACCESS_REMOTE_WRITE) && addr >= e.addr && addr + len <= e.addr + e.length;
   return false;
+}
+
+// A process that exited (even one not reaped yet, whose memory may still be
+// written) has lost its QPs: the kernel destroys them at exit.
+bool exited(int pidfd) {
+  if (pidfd < 0) return true;
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
 }
 
 void complete_local(emu_qp* q, std::uint64_t wr_id, ibv_wc_status st, ibv_wc_opcode op, std::uint32_t len) {
@@ -208,7 +233,7 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       st = IBV_WC_WR_FLUSH_ERR;
     } else if (len && !local_range_ok(wr->sg_list[0].lkey, wr->sg_list[0].addr, len)) {
       st = IBV_WC_LOC_PROT_ERR;
-    } else if (!q->remote || !q->remote->alive.load()) {
+    } else if (!q->remote || !q->remote->alive.load() || exited(q->remote_pidfd)) {
       st = IBV_WC_RETRY_EXC_ERR;
     } else if (len && !remote_range_ok(q->remote_mrs, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len)) {
       st = IBV_WC_REM_ACCESS_ERR;
@@ -534,6 +559,7 @@ int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
     q->remote = map_file<qp_file>(qp_path(a->dest_qp_num), false);  // none: sends fail with retry exceeded
     if (q->remote) {
       q->remote_mrs = map_file<mr_file>(mr_path(q->remote->pid), false);
+      q->remote_pidfd = static_cast<int>(::syscall(SYS_pidfd_open, q->remote->pid, 0));
       if (q->remote->channel[0]) q->remote_wake = ::open(q->remote->channel, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     }
   }
@@ -558,6 +584,7 @@ int ibv_destroy_qp(ibv_qp* qp) {
   if (q->remote) ::munmap(q->remote, sizeof(qp_file));
   if (q->remote_mrs) ::munmap(q->remote_mrs, sizeof(mr_file));
   if (q->remote_wake >= 0) ::close(q->remote_wake);
+  if (q->remote_pidfd >= 0) ::close(q->remote_pidfd);
   delete q;
   return 0;
 }

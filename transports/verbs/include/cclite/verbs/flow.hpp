@@ -87,6 +87,11 @@ inline std::uint32_t encode_credit_imm(std::uint64_t consumed) noexcept {
   return imm_credit_bit | (static_cast<std::uint32_t>(consumed) & imm_value_mask);
 }
 inline bool is_credit_imm(std::uint32_t imm) noexcept { return (imm & imm_credit_bit) != 0; }
+/// Immediate of the last write a link makes before its QPs are destroyed: a
+/// data write of 0 bytes, which no data write is. RDMA has no end of stream
+/// (a destroyed QP sends nothing), so this is how a peer blocked on the link
+/// learns at once that nothing more will come, as a tcp peer does from EOF.
+inline constexpr std::uint32_t imm_close = 0;
 
 /// Rebuilds the full 64-bit consumed count from the previous one and a 31-bit
 /// credit value. Valid because consumption never runs more than one FIFO (at
@@ -99,7 +104,7 @@ inline std::uint64_t unwrap_credit(std::uint64_t prev, std::uint32_t imm) noexce
 // ---- work request ids ------------------------------------------------------------
 
 /// What a send-queue completion was for; kept in wr_id with the QP and length.
-enum class wr_kind : std::uint64_t { data = 1, credit = 2, recv = 3 };
+enum class wr_kind : std::uint64_t { data = 1, credit = 2, recv = 3, close = 4 };
 
 inline std::uint64_t make_wr_id(wr_kind k, int qp, std::uint64_t len) noexcept {
   return (static_cast<std::uint64_t>(k) << 56) | (static_cast<std::uint64_t>(qp & 0xff) << 48) |

@@ -22,15 +22,27 @@
 // device async event likewise; invalid_argument for commit/consume beyond the
 // reserved/peeked space. wait() adds timeout and aborted (not sticky).
 //
-// Limit: a peer that dies while nothing is in flight towards it is noticed at
-// the deadline (CCLITE_TIMEOUT), as with NCCL's net_ib; with data in flight,
-// after the transport retries (CCLITE_IB_TIMEOUT, CCLITE_IB_RETRY_CNT).
+// Closing: a link that is destroyed while healthy first writes imm_close to
+// the peer (flow.hpp) and waits up to 50 ms for it to be acknowledged. The
+// peer then fails (peer_lost) any wait that can no longer be satisfied - for
+// receive space or data when nothing is left to read - as the tcp link does
+// at end of stream. This is how a rank that failed wakes the ranks blocked on
+// it (comm_core's spread_failure closes every link).
+//
+// A dead peer (kill -9): RDMA says nothing until a write towards it fails,
+// after the QP's retries (4.096 us x 2^CCLITE_IB_TIMEOUT x (CCLITE_IB_RETRY_CNT
+// + 1): 34 s with the defaults, as NCCL's net_ib). So that a rank waiting for
+// data from a peer that died with nothing in flight towards it does not wait
+// for its deadline (CCLITE_TIMEOUT), a wait that sleeps re-sends the current
+// credit once a second (probe(): a write the peer's NIC must acknowledge,
+// harmless to a live peer), TCP keepalive's idea.
 #pragma once
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -130,10 +142,20 @@ class link {
   }
 
   link(link&&) noexcept = default;
-  link& operator=(link&&) noexcept = default;
+  link& operator=(link&& o) noexcept {
+    if (this != &o) {
+      close();
+      peer_ = o.peer_;
+      desc_ = std::move(o.desc_);
+      aborted_ = o.aborted_;
+      s_ = std::move(o.s_);
+      error_ = std::move(o.error_);
+    }
+    return *this;
+  }
   link(const link&) = delete;
   link& operator=(const link&) = delete;
-  ~link() = default;
+  ~link() { close(); }
 
   // ---- send side -----------------------------------------------------------
 
@@ -192,11 +214,23 @@ class link {
   }
 
   /// Progress until `w` may be satisfied; see the file comment. Errors:
-  /// timeout, aborted, peer_lost.
+  /// timeout, aborted, peer_lost (also when the peer closed the link and what
+  /// `w` needs can therefore never come).
   status wait(wait_for w, deadline until) {
     bool want_recv = has(w, wait_for::recv), want_send = has(w, wait_for::send);
     return progress_until(until, w, [&] {
-      return (want_recv && !recv_peek().empty()) || (want_send && !send_reserve(1).empty());
+      if ((want_recv && !recv_peek().empty()) || (want_send && !send_reserve(1).empty())) return true;
+      if (s_->peer_closed && (want_send || recv_peek().empty())) {
+        // Completions of other QPs may still hold the peer's last bytes.
+        drain_cq();
+        if (want_recv && !recv_peek().empty()) return true;
+        fail(make_error(errc::peer_lost,
+                        "verbs link to %s closed by the peer (its communicator failed or was destroyed; "
+                        "received %llu bytes, %llu of ours not yet acknowledged)",
+                        desc_.c_str(), (unsigned long long)s_->received,
+                        (unsigned long long)(s_->committed - s_->completed)));
+      }
+      return false;
     });
   }
 
@@ -225,7 +259,40 @@ class link {
     return {};
   }
 
-  // One RDMA WRITE WITH IMMEDIATE; len 0 = credit return (no payload).
+  // Tells a connected peer that this link is going away (imm_close) and waits
+  // up to 50 ms for the write to be acknowledged, so that it is not lost with
+  // the QP. Skipped when the link failed (its QPs may be in the error state)
+  // or the peer closed first (it is not listening any more).
+  void close() noexcept {
+    if (!s_ || !error_.ok() || s_->raddr == 0) return;
+    detail::link_state& s = *s_;
+    drain_cq();
+    if (!error_.ok() || s.peer_closed || s.sq_out[0] >= sq_depth) return;
+    if (!post_write(0, 0, 0, imm_close, wr_kind::close)) return;
+    s.close_sent = true;
+    const auto end = clock::now() + std::chrono::milliseconds(50);
+    while (s.close_sent && error_.ok() && clock::now() < end) {
+      ::sched_yield();
+      drain_cq();
+    }
+  }
+
+  // Keepalive (file comment): the current credit again, at most once a
+  // second, when no credit is in flight. The peer's unwrap_credit() of an
+  // unchanged count changes nothing.
+  void probe() {
+    detail::link_state& s = *s_;
+    const auto now = clock::now();
+    if (now - s.last_probe < std::chrono::seconds(1) || s.credit_inflight || s.sq_out[0] >= sq_depth ||
+        s.raddr == 0)
+      return;
+    s.last_probe = now;
+    if (!post_write(0, 0, 0, encode_credit_imm(s.consumed), wr_kind::credit)) return;
+    s.credited = s.consumed;
+    s.credit_inflight = true;
+  }
+
+  // One RDMA WRITE WITH IMMEDIATE; len 0 = credit return or close (no payload).
   bool post_write(int q, std::uint64_t pos, std::uint64_t len, std::uint32_t imm, wr_kind kind) {
     detail::link_state& s = *s_;
     ibv_sge sge{};
@@ -310,7 +377,9 @@ class link {
     switch (k) {
       case wr_kind::recv: {
         std::uint32_t imm = ntohl(wc.imm_data);
-        if (is_credit_imm(imm)) {
+        if (imm == imm_close) {
+          s.peer_closed = true;
+        } else if (is_credit_imm(imm)) {
           s.remote_consumed = unwrap_credit(s.remote_consumed, imm);
         } else {
           s.rpos[q] = s.st.advance(s.rpos[q], imm & imm_value_mask);
@@ -325,6 +394,10 @@ class link {
       case wr_kind::credit:
         --s.sq_out[q];
         s.credit_inflight = false;
+        break;
+      case wr_kind::close:
+        --s.sq_out[q];
+        s.close_sent = false;
         break;
     }
   }
@@ -358,6 +431,7 @@ class link {
         return make_error(errc::aborted, "communicator aborted while waiting for %s over verbs", desc_.c_str());
       }
       if (until.expired()) return until.is_slice() ? status(errc::timeout, std::string()) : timeout_error(w);
+      probe();
       pollfd fds[2] = {{s.ch->fd, POLLIN, 0}, {s.dev->context()->async_fd, POLLIN, 0}};
       ::poll(fds, 2, static_cast<int>(until.remaining(milliseconds(50)).count()));
       ibv_cq* ev_cq = nullptr;

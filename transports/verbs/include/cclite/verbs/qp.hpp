@@ -22,6 +22,7 @@
 #include <infiniband/verbs.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -199,6 +200,9 @@ struct link_state {
   std::uint64_t rpos[max_qps] = {};
   std::uint64_t received = 0, consumed = 0, credited = 0;
   bool credit_inflight = false;
+  bool peer_closed = false;  // the peer's imm_close arrived (flow.hpp)
+  bool close_sent = false;   // ours is posted; its completion clears it
+  std::chrono::steady_clock::time_point last_probe{};  // link.hpp: probe()
 
   ~link_state() {
     for (ibv_qp*& q : qps)
