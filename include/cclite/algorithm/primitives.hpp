@@ -75,16 +75,6 @@ class primitives {
     stream_fifo_ = fifo;
   }
 
-  /// While a verb has been stalled for a second or more, `fn(ctx)` is asked
-  /// once a second whether to give up: an error it returns ends the verb.
-  /// The communicator uses it to look for another rank's failure record,
-  /// for links that cannot tell a peer blocked on a dead rank (verbs: RDMA
-  /// has no end of stream; collective/comm_core.hpp).
-  void watch(status (*fn)(void*), void* ctx) noexcept {
-    watch_ = fn;
-    watch_ctx_ = ctx;
-  }
-
   status recv_reduce_send(const std::uint8_t* local, std::size_t bytes) {
     return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
       red_->copy(dst, local + off, in, n / elem_);
@@ -219,11 +209,10 @@ class primitives {
       stalled_ = true;
       stalled_since_ = clock::now();
     }
-    // One link: nothing else to progress, so long slices (only the watch needs them).
-    const deadline slice = deadline::slice_of(until_, milliseconds(same ? 200 : 2));
+    const deadline slice = same ? until_ : deadline::slice_of(until_, milliseconds(2));
     status st = w == wait_for::recv ? prev_.wait(w, slice) : next_.wait(w, slice);
     if (st.code() == errc::timeout) {
-      if (!until_.expired()) return watched();  // only the slice ended
+      if (!until_.expired()) return {};  // only the slice ended
       // The deadline passed just after the slice: ask again for the link's text.
       if (st.message().empty()) st = w == wait_for::recv ? prev_.wait(w, until_) : next_.wait(w, until_);
       double secs = std::chrono::duration<double>(clock::now() - stalled_since_).count();
@@ -231,14 +220,6 @@ class primitives {
                         st.message().c_str());
     }
     return st;
-  }
-
-  status watched() {
-    if (!watch_) return {};
-    const auto now = clock::now();
-    if (now - stalled_since_ < std::chrono::seconds(1) || now < next_watch_) return {};
-    next_watch_ = now + std::chrono::seconds(1);
-    return watch_(watch_ctx_);
   }
 
   template <class L>
@@ -297,9 +278,6 @@ class primitives {
   bool stream_out_ = false;
   bool stream_fifo_ = false;
   clock::time_point stalled_since_{};
-  status (*watch_)(void*) = nullptr;
-  void* watch_ctx_ = nullptr;
-  clock::time_point next_watch_{};
 };
 
 }  // namespace cclite

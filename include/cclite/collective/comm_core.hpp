@@ -351,24 +351,9 @@ CCLITE_SETUP_CODE_END
     using L = any_link<link>;
     L pl(p), nl(n);
     primitives<L, L> raw(pl, from == to ? pl : nl, elem, red, until);
-    raw.watch(&comm_core::failure_recorded, this);
     // Call headers ride ahead of the data on every link (mismatch.hpp).
     checked_primitives<primitives<L, L>> prims(raw, &hdr_, rank_, from, to, chunk_bytes_);
     return fn(prims);
-  }
-
-  // The primitives' watch (primitives.hpp): a rank stalled for a second asks
-  // the store once a second whether another rank recorded a failure
-  // (spread_failure). Needed where links cannot wake it: over verbs a rank
-  // waiting on a live peer that waits on a dead one hears nothing, and RDMA
-  // has no end of stream. The error goes through spread_failure, which
-  // reports the record. A store that does not answer is not a failure here.
-  static status failure_recorded(void* self) {
-    auto& c = *static_cast<comm_core*>(self);
-    if (!c.kv_) return {};
-    auto has = c.kv_->check("fault");
-    if (!has || !has.value()) return {};
-    return make_error(errc::peer_lost, "another rank recorded a failure");
   }
 
   // Connects, in (min, max) pair order, whichever of `peers` is not yet
