@@ -201,7 +201,7 @@ bool remote_range_ok(const mr_file* f, std::uint32_t rkey, std::uint64_t addr, s
 // A process that exited (even one not reaped yet, whose memory may still be
 // written) has lost its QPs: the kernel destroys them at exit.
 bool exited(int pidfd) {
-  if (pidfd < 0) return true;
+  if (pidfd < 0) return false;  // no pidfd (kernel < 5.3): process_vm_writev's ESRCH tells
   pollfd p{pidfd, POLLIN, 0};
   return ::poll(&p, 1, 0) > 0;
 }
@@ -241,8 +241,13 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       if (len) {
         iovec local{reinterpret_cast<void*>(wr->sg_list[0].addr), len};
         iovec far{reinterpret_cast<void*>(wr->wr.rdma.remote_addr), len};
-        if (::process_vm_writev(q->remote->pid, &local, 1, &far, 1, 0) != static_cast<ssize_t>(len))
+        if (::process_vm_writev(q->remote->pid, &local, 1, &far, 1, 0) != static_cast<ssize_t>(len)) {
           st = IBV_WC_RETRY_EXC_ERR;  // the peer is gone
+          if (errno == EPERM)
+            std::fprintf(stderr, "emulated ibverbs: process_vm_writev into pid %d not permitted (ptrace "
+                         "restrictions: yama ptrace_scope, seccomp, no CAP_SYS_PTRACE?)\n",
+                         static_cast<int>(q->remote->pid));
+        }
       }
       if (st == IBV_WC_SUCCESS) {
         const std::uint64_t h = q->remote->head.load(std::memory_order_relaxed);
