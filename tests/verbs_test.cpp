@@ -533,10 +533,11 @@ bool have_rdma() {
   return found && pick_port(found->ports, -1, 0) >= 0;
 }
 
-// A 2-rank job over communicator<verbs, tcp>: both ranks must use `expect`
-// for each other, and allreduces of several sizes (past the FIFO size when
-// `env` shrinks it: wraparound and credits) must give exact sums.
-void run_job(const char* expect, std::vector<std::pair<const char*, const char*>> env) {
+using env_list = std::vector<std::pair<const char*, const char*>>;
+
+// A 2-rank job over communicator<verbs, tcp> with `env` set on both ranks:
+// both must use `expect` for each other, then `body` runs on each rank.
+void run_pair(const char* expect, const env_list& env, const std::function<int(verbs_comm&, int)>& body) {
   test::temp_dir dir;
   auto r = test::run_ranks(
       2,
@@ -546,18 +547,8 @@ void run_job(const char* expect, std::vector<std::pair<const char*, const char*>
         o.timeout = milliseconds(60000);
         auto c = verbs_comm::create(*kv, rank, size, o);
         MP_REQUIRE_OK(c);
-        auto& comm = *c.value();
-        MP_CHECK(std::strcmp(comm.transport_of(1 - rank), expect) == 0);
-        for (std::size_t n : {std::size_t(1), std::size_t(1031), std::size_t(100003), std::size_t(1) << 21}) {
-          std::vector<float> v(n);
-          for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 97);
-          MP_REQUIRE_OK(comm.allreduce(v.data(), v.size()));
-          int wrong = 0;
-          for (std::size_t i = 0; i < n; ++i) wrong += v[i] != 3.0f * static_cast<float>(i % 97);
-          MP_CHECK(wrong == 0);
-        }
-        MP_REQUIRE_OK(comm.barrier());
-        return 0;
+        MP_CHECK(std::strcmp(c.value()->transport_of(1 - rank), expect) == 0);
+        return body(*c.value(), rank);
       },
       std::chrono::seconds(180), [&](int) {
         ::unsetenv("CCLITE_IB_DISABLE");
@@ -565,6 +556,23 @@ void run_job(const char* expect, std::vector<std::pair<const char*, const char*>
       });
   INFO(r.describe());
   CHECK(r.all_ok());
+}
+
+// Allreduces of several sizes (past the FIFO size when `env` shrinks it:
+// wraparound and credits) must give exact sums.
+void run_job(const char* expect, const env_list& env) {
+  run_pair(expect, env, [](verbs_comm& comm, int rank) {
+    for (std::size_t n : {std::size_t(1), std::size_t(1031), std::size_t(100003), std::size_t(1) << 21}) {
+      std::vector<float> v(n);
+      for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 97);
+      MP_REQUIRE_OK(comm.allreduce(v.data(), v.size()));
+      int wrong = 0;
+      for (std::size_t i = 0; i < n; ++i) wrong += v[i] != 3.0f * static_cast<float>(i % 97);
+      MP_CHECK(wrong == 0);
+    }
+    MP_REQUIRE_OK(comm.barrier());
+    return 0;
+  });
 }
 }  // namespace
 
@@ -617,43 +625,27 @@ TEST_CASE("verbs hardware: a receiver that comes late gets every byte (credits h
   // receives: rank 0 must stop once the FIFO is full and go on only as rank 1
   // returns credits. A sender that wrote past its credits would overwrite
   // bytes rank 1 has not read yet.
-  test::temp_dir dir;
-  auto r = test::run_ranks(
-      2,
-      [&](int rank, int size) {
-        auto kv = test::open_dir_store(dir.path);
-        comm_options o;
-        o.timeout = milliseconds(60000);
-        auto c = verbs_comm::create(*kv, rank, size, o);
-        MP_REQUIRE_OK(c);
-        auto& comm = *c.value();
-        MP_CHECK(std::strcmp(comm.transport_of(1 - rank), "verbs") == 0);
-        const std::size_t n = std::size_t(1) << 20;
-        std::vector<std::uint32_t> v(n);
-        for (int round = 0; round < 3; ++round) {
-          if (rank == 0) {
-            for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint32_t>(i * 2654435761u + round);
-            MP_REQUIRE_OK(comm.send(v.data(), n, dtype::uint32, 1));
-          } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            MP_REQUIRE_OK(comm.recv(v.data(), n, dtype::uint32, 0));
-            std::size_t wrong = 0;
-            for (std::size_t i = 0; i < n; ++i) wrong += v[i] != static_cast<std::uint32_t>(i * 2654435761u + round);
-            if (wrong) std::fprintf(stderr, "rank 1: round %d: %zu of %zu words wrong\n", round, wrong, n);
-            MP_CHECK(wrong == 0);
-          }
-        }
-        MP_REQUIRE_OK(comm.barrier());
-        return 0;
-      },
-      std::chrono::seconds(180), [&](int) {
-        ::unsetenv("CCLITE_IB_DISABLE");
-        ::setenv("CCLITE_IB_BUFFSIZE", "64K", 1);
-        ::setenv("CCLITE_IB_BLOCK", "16K", 1);
-        ::setenv("CCLITE_IB_QPS_PER_CONNECTION", "3", 1);
-      });
-  INFO(r.describe());
-  CHECK(r.all_ok());
+  const env_list small_fifo = {{"CCLITE_IB_BUFFSIZE", "64K"}, {"CCLITE_IB_BLOCK", "16K"},
+                                {"CCLITE_IB_QPS_PER_CONNECTION", "3"}};
+  run_pair("verbs", small_fifo, [](verbs_comm& comm, int rank) {
+    const std::size_t n = std::size_t(1) << 20;
+    std::vector<std::uint32_t> v(n);
+    for (int round = 0; round < 3; ++round) {
+      if (rank == 0) {
+        for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint32_t>(i * 2654435761u + round);
+        MP_REQUIRE_OK(comm.send(v.data(), n, dtype::uint32, 1));
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        MP_REQUIRE_OK(comm.recv(v.data(), n, dtype::uint32, 0));
+        std::size_t wrong = 0;
+        for (std::size_t i = 0; i < n; ++i) wrong += v[i] != static_cast<std::uint32_t>(i * 2654435761u + round);
+        if (wrong) std::fprintf(stderr, "rank 1: round %d: %zu of %zu words wrong\n", round, wrong, n);
+        MP_CHECK(wrong == 0);
+      }
+    }
+    MP_REQUIRE_OK(comm.barrier());
+    return 0;
+  });
 }
 
 TEST_CASE("verbs hardware: the transport's registration cache registers a user buffer with ibv_reg_mr") {
