@@ -581,6 +581,18 @@ TEST_CASE("launcher: usage errors exit 2 with a hint; --help exits 0") {
 
 namespace {
 
+// 0 if a socket can bind 127.0.0.1:port now, else bind's errno.
+int bind_error(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int e = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+  ::close(fd);
+  return e;
+}
+
 // A port nobody listens on, chosen outside the kernel's ephemeral range: a
 // port the kernel handed out (bind to 0) is free again once released, and a
 // test running beside this one (ctest -j) may then get it for its own
@@ -598,14 +610,7 @@ std::string free_port() {
   static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(std::time(nullptr)));
   for (int tries = 0; tries < 200; ++tries) {
     const int p = from + static_cast<int>(rng() % static_cast<unsigned>(to - from + 1));
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(p));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    if (ok) return std::to_string(p);
+    if (bind_error(p) == 0) return std::to_string(p);
   }
   FAIL("no free port in [" << from << ", " << to << "]");
   return {};
@@ -621,16 +626,7 @@ std::vector<std::string> agent_args(const std::string& port, const std::string& 
 }
 
 /// True once something listens on 127.0.0.1:port (bind fails with EADDRINUSE).
-bool port_taken(const std::string& port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(port)));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bool taken = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno == EADDRINUSE;
-  ::close(fd);
-  return taken;
-}
+bool port_taken(const std::string& port) { return bind_error(std::stoi(port)) == EADDRINUSE; }
 
 }  // namespace
 

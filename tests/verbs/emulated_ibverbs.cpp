@@ -68,7 +68,6 @@ struct ring_entry {
   std::uint32_t len;
 };
 struct qp_file {
-  std::uint32_t magic;
   std::int32_t pid;
   std::atomic<std::uint32_t> alive;  // 0 once destroyed
   char channel[200];                 // FIFO of the receive CQ's channel, "" if none
@@ -84,7 +83,6 @@ struct mr_entry {
 struct mr_file {
   mr_entry mr[max_mrs];
 };
-constexpr std::uint32_t qp_magic = 0x45495642;  // "EIVB"
 
 std::string dir() {
   const char* d = std::getenv("CCLITE_EMULATED_IBV_DIR");
@@ -184,17 +182,13 @@ void wake(int fd) {
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
-bool local_range_ok(std::uint32_t lkey, std::uint64_t addr, std::uint64_t len) {
-  mr_file* f = own_mrs();
-  for (auto& e : f->mr)
-    if (e.rkey.load() == lkey) return addr >= e.addr && addr + len <= e.addr + e.length;
-  return false;
-}
-bool remote_range_ok(const mr_file* f, std::uint32_t rkey, std::uint64_t addr, std::uint64_t len) {
+// [addr, addr + len) lies in the region `key` of `f`, which grants `access`
+// (lkey == rkey here).
+bool range_ok(const mr_file* f, std::uint32_t key, std::uint64_t addr, std::uint64_t len, std::uint32_t access) {
   if (!f) return false;
   for (auto& e : f->mr)
-    if (e.rkey.load() == rkey)
-      return (e.access & IBV_ACCESS_REMOTE_WRITE) && addr >= e.addr && addr + len <= e.addr + e.length;
+    if (e.rkey.load() == key)
+      return (e.access & access) == access && addr >= e.addr && addr + len <= e.addr + e.length;
   return false;
 }
 
@@ -231,11 +225,11 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     ibv_wc_status st = IBV_WC_SUCCESS;
     if (q->broken) {
       st = IBV_WC_WR_FLUSH_ERR;
-    } else if (len && !local_range_ok(wr->sg_list[0].lkey, wr->sg_list[0].addr, len)) {
+    } else if (len && !range_ok(own_mrs(), wr->sg_list[0].lkey, wr->sg_list[0].addr, len, 0)) {
       st = IBV_WC_LOC_PROT_ERR;
     } else if (!q->remote || !q->remote->alive.load() || exited(q->remote_pidfd)) {
       st = IBV_WC_RETRY_EXC_ERR;
-    } else if (len && !remote_range_ok(q->remote_mrs, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len)) {
+    } else if (len && !range_ok(q->remote_mrs, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, len, IBV_ACCESS_REMOTE_WRITE)) {
       st = IBV_WC_REM_ACCESS_ERR;
     } else {
       if (len) {
@@ -533,7 +527,6 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* ia) {
     errno = ENOMEM;
     return nullptr;
   }
-  q->mine->magic = qp_magic;
   q->mine->pid = ::getpid();
   q->mine->alive.store(1);
   if (ia->recv_cq->channel)
