@@ -115,8 +115,26 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
 
   // ---- algorithms per collective ------------------------------------------------------
 
+  // The call's own code: d.runner, which communicator sets to run_kind<K>.
   status dispatch(const op_desc& d, deadline until) {
-    const std::size_t elem = d.kind == collective_kind::barrier ? 1 : size_of(d.type);
+    if (!d.runner)
+      return make_error(errc::unsupported, "%s: a call built outside communicator has no algorithm", to_string(d.kind));
+    return d.runner(*this, d, until);
+  }
+
+ public:
+  /// What communicator stores in op_desc::runner for a call of kind K
+  /// (static: a plain function pointer, no member-pointer thunks).
+  template <collective_kind K>
+  static status run_kind(op_executor& ex, const op_desc& d, deadline until) {
+    return static_cast<comm_dispatch&>(ex).template dispatch_kind<K>(d, until);
+  }
+
+ protected:
+  template <collective_kind K>
+  status dispatch_kind(const op_desc& d, deadline until) {
+    using ck = collective_kind;
+    const std::size_t elem = K == ck::barrier ? 1 : size_of(d.type);
     const reduction red = reduction_for(d.type, d.op);
     const int n = size_, pos = topo_.ring_position(rank_);
     const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
@@ -125,81 +143,70 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / elem);
     const std::size_t bytes = d.count * elem;
     auto ring = [&](auto&& fn) { return this->with_links(prev, next, elem, &red, until, fn); };
-    switch (d.kind) {
-      case collective_kind::allreduce:
-        if (n == 1) return local_copy(send, recv, bytes);
-        // The first small call builds the node-wide small group (later ones take
-        // dispatch_checked's small path, ahead of the header exchange).
-        if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
-        if (auto* w = this->window_call(d)) return run_window_allreduce(*w, recv, d.count, red, until);
-        switch (select_.choose(d.kind, bytes, n)) {
-          case algorithm::rd: return this->run_rd_allreduce(send, recv, d.count, red, until);
-          case algorithm::rhd: return this->run_hd_allreduce(send, recv, d.count, red, until);
-          case algorithm::tree: return this->run_tree_allreduce(send, recv, d.count, red, until);
-          case algorithm::hier:
-            if (select_.hier_possible()) return run_hier_allreduce(d, red, until);
-            break;  // one node, or nodes of different sizes: the ring
-          case algorithm::direct:
-            if (select_.direct_possible()) return run_direct_allreduce(send, recv, d.count, red, until);
-            break;  // several nodes or a non-shm link: the ring
-          default: break;
-        }
-        return ring([&](auto& pr) { return ring_allreduce(pr, send, recv, d.count, elem, red, n, pos, chunk); });
-      case collective_kind::broadcast: {
-        if (n == 1) return {};
-        if (select_.choose(d.kind, bytes, n) == algorithm::tree)
-          return this->run_tree_broadcast(recv, bytes, d.root, elem, until);
-        const int rel = (pos - topo_.ring_position(d.root) + n) % n;
-        return ring([&](auto& pr) { return ring_broadcast(pr, recv, bytes, n, rel); });
+    if constexpr (K == ck::allreduce) {
+      if (n == 1) return local_copy(send, recv, bytes);
+      // The first small call builds the node-wide small group (later ones take
+      // dispatch_checked's small path, ahead of the header exchange).
+      if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
+      if (auto* w = this->window_call(d)) return run_window_allreduce(*w, recv, d.count, red, until);
+      switch (select_.choose(K, bytes, n)) {
+        case algorithm::rd: return this->run_rd_allreduce(send, recv, d.count, red, until);
+        case algorithm::rhd: return this->run_hd_allreduce(send, recv, d.count, red, until);
+        case algorithm::tree: return this->run_tree_allreduce(send, recv, d.count, red, until);
+        case algorithm::hier:
+          if (select_.hier_possible()) return run_hier_allreduce(d, red, until);
+          break;  // one node, or nodes of different sizes: the ring
+        case algorithm::direct:
+          if (select_.direct_possible()) return run_direct_allreduce(send, recv, d.count, red, until);
+          break;  // several nodes or a non-shm link: the ring
+        default: break;
       }
-      case collective_kind::barrier:
-        if (n == 1) return {};
-        if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
-        return ring([&](auto& pr) { return ring_barrier(pr, n, pos); });
-      case collective_kind::reduce: {
-        if (d.count && !send) return make_error(errc::invalid_argument, "reduce: null send buffer");
-        if (d.count && rank_ == d.root && !recv)
-          return make_error(errc::invalid_argument, "reduce: null recv buffer on the root");
-        if (n == 1) return local_copy(send, recv, bytes);
-        if (select_.choose(d.kind, bytes, n) == algorithm::tree)
-          return this->run_tree_reduce(send, recv, d.count, d.root, red, until);
-        const int rel = (pos - topo_.ring_position(d.root) + n) % n;
-        return ring([&](auto& pr) { return chain_reduce(pr, send, recv, d.count, elem, red, n, rel); });
+      return ring([&](auto& pr) { return ring_allreduce(pr, send, recv, d.count, elem, red, n, pos, chunk); });
+    } else if constexpr (K == ck::broadcast) {
+      if (n == 1) return {};
+      if (select_.choose(K, bytes, n) == algorithm::tree) return this->run_tree_broadcast(recv, bytes, d.root, elem, until);
+      const int rel = (pos - topo_.ring_position(d.root) + n) % n;
+      return ring([&](auto& pr) { return ring_broadcast(pr, recv, bytes, n, rel); });
+    } else if constexpr (K == ck::barrier) {
+      if (n == 1) return {};
+      if (this->small_direct(d)) return this->run_small_allreduce(d, hdr_.active ? &hdr_.out : nullptr, false, until);
+      return ring([&](auto& pr) { return ring_barrier(pr, n, pos); });
+    } else if constexpr (K == ck::reduce) {
+      if (d.count && !send) return make_error(errc::invalid_argument, "reduce: null send buffer");
+      if (d.count && rank_ == d.root && !recv) return make_error(errc::invalid_argument, "reduce: null recv buffer on the root");
+      if (n == 1) return local_copy(send, recv, bytes);
+      if (select_.choose(K, bytes, n) == algorithm::tree)
+        return this->run_tree_reduce(send, recv, d.count, d.root, red, until);
+      const int rel = (pos - topo_.ring_position(d.root) + n) % n;
+      return ring([&](auto& pr) { return chain_reduce(pr, send, recv, d.count, elem, red, n, rel); });
+    } else if constexpr (K == ck::allgather || K == ck::allgatherv) {
+      return run_allgather(d, send, recv, elem, until);
+    } else if constexpr (K == ck::reduce_scatter) {
+      if (n == 1) return local_copy(send, recv, bytes);
+      return ring([&](auto& pr) {
+        return ring_reduce_scatter(pr, send, recv, d.count, elem, red, n, pos, topo_.ring().data(), rank_, chunk);
+      });
+    } else if constexpr (K == ck::gather || K == ck::scatter) {
+      return run_rooted_direct(d, send, recv, bytes, elem, until);
+    } else if constexpr (K == ck::alltoall || K == ck::alltoallv) {
+      return run_alltoall(d, send, recv, elem, until);
+    } else {
+      static_assert(K == ck::send || K == ck::recv || K == ck::sendrecv, "a collective_kind without an algorithm");
+      const int dst = K == ck::recv ? -1 : d.root;
+      const int src = K == ck::send ? -1 : K == ck::recv ? d.root : d.peer2;
+      const std::size_t sbytes = K == ck::recv ? 0 : bytes;
+      const std::size_t rbytes = K == ck::send ? 0 : K == ck::recv ? bytes : d.count2 * elem;
+      if (dst == rank_ || src == rank_) {  // to or from ourselves: a copy
+        if (dst == rank_ && src == rank_) return local_copy(send, recv, std::min(sbytes, rbytes));
+        return make_error(errc::invalid_argument, "%s: a rank cannot send to itself without receiving from itself", to_string(K));
       }
-      case collective_kind::allgather:
-      case collective_kind::allgatherv:
-        return run_allgather(d, send, recv, elem, until);
-      case collective_kind::reduce_scatter:
-        if (n == 1) return local_copy(send, recv, bytes);
-        return ring([&](auto& pr) {
-          return ring_reduce_scatter(pr, send, recv, d.count, elem, red, n, pos, topo_.ring().data(), rank_, chunk);
-        });
-      case collective_kind::gather:
-      case collective_kind::scatter:
-        return run_rooted_direct(d, send, recv, bytes, elem, until);
-      case collective_kind::alltoall:
-      case collective_kind::alltoallv:
-        return run_alltoall(d, send, recv, elem, until);
-      case collective_kind::send:
-      case collective_kind::recv:
-      case collective_kind::sendrecv: {
-        const int dst = d.kind == collective_kind::recv ? -1 : d.root;
-        const int src = d.kind == collective_kind::send ? -1 : d.kind == collective_kind::recv ? d.root : d.peer2;
-        const std::size_t sbytes = d.kind == collective_kind::recv ? 0 : bytes;
-        const std::size_t rbytes = d.kind == collective_kind::send ? 0 : d.kind == collective_kind::recv ? bytes : d.count2 * elem;
-        if (dst == rank_ || src == rank_) {  // to or from ourselves: a copy
-          if (dst == rank_ && src == rank_) return local_copy(send, recv, std::min(sbytes, rbytes));
-          return make_error(errc::invalid_argument, "%s: a rank cannot send to itself without receiving from itself", to_string(d.kind));
-        }
-        int peers[2] = {dst < 0 ? src : dst, src < 0 ? dst : src};
-        CCLITE_TRY(ensure_links(peers, 2, until));
-        return this->with_links(peers[1], peers[0], elem, nullptr, until, [&](auto& pr) -> status {
-          CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
-          return pr.finish();
-        });
-      }
+      int peers[2] = {dst < 0 ? src : dst, src < 0 ? dst : src};
+      CCLITE_TRY(ensure_links(peers, 2, until));
+      return this->with_links(peers[1], peers[0], elem, nullptr, until, [&](auto& pr) -> status {
+        CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
+        return pr.finish();
+      });
     }
-    return make_error(errc::unsupported, "collective %d not implemented", static_cast<int>(d.kind));
   }
 
   std::string describe_call(const op_desc& d, std::uint64_t seq) const { return detail::describe_call(d, seq, rank_); }

@@ -111,10 +111,10 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
 
   /// recv[i] = send[i] (op) over all ranks. `send == recv` is the in-place form.
   status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return run(rooted(collective_kind::allreduce, send, recv, count, t, op, 0));
+    return run(rooted<collective_kind::allreduce>(send, recv, count, t, op, 0));
   }
   work allreduce_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return submit(rooted(collective_kind::allreduce, send, recv, count, t, op, 0));
+    return submit(rooted<collective_kind::allreduce>(send, recv, count, t, op, 0));
   }
   template <class T>
   status allreduce(const T* send, T* recv, std::size_t count, reduce_op op = reduce_op::sum) {
@@ -131,10 +131,10 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
 
   /// Copies root's `count` elements of `buf` to every rank's `buf`.
   status broadcast(void* buf, std::size_t count, dtype t, int root) {
-    return run(rooted(collective_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
+    return run(rooted<collective_kind::broadcast>(buf, buf, count, t, reduce_op::sum, root));
   }
   work broadcast_async(void* buf, std::size_t count, dtype t, int root) {
-    return submit(rooted(collective_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
+    return submit(rooted<collective_kind::broadcast>(buf, buf, count, t, reduce_op::sum, root));
   }
   template <class T>
   status broadcast(T* buf, std::size_t count, int root) {
@@ -144,49 +144,49 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// root's recv[i] = send[i] (op) over all ranks; other ranks' recv is not
   /// touched (may be null). `send == recv` on the root is in place.
   status reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
-    return run(rooted(collective_kind::reduce, send, recv, count, t, op, root));
+    return run(rooted<collective_kind::reduce>(send, recv, count, t, op, root));
   }
   work reduce_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
-    return submit(rooted(collective_kind::reduce, send, recv, count, t, op, root));
+    return submit(rooted<collective_kind::reduce>(send, recv, count, t, op, root));
   }
 
   /// recv (size() * count elements) = every rank's `send` (count) in rank order.
   /// In place: send == recv + rank() * count.
   status allgather(const void* send, void* recv, std::size_t count, dtype t) {
-    return run(rooted(collective_kind::allgather, send, recv, count, t, reduce_op::sum, 0));
+    return run(rooted<collective_kind::allgather>(send, recv, count, t, reduce_op::sum, 0));
   }
   work allgather_async(const void* send, void* recv, std::size_t count, dtype t) {
-    return submit(rooted(collective_kind::allgather, send, recv, count, t, reduce_op::sum, 0));
+    return submit(rooted<collective_kind::allgather>(send, recv, count, t, reduce_op::sum, 0));
   }
 
   /// Allgather with per-rank counts: rank r's `send` (counts[r] elements) lands
   /// at recv + displs[r]. `counts`, `displs`: size() entries, equal on all ranks.
   status allgatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
                     const std::size_t* displs, dtype t) {
-    return run(vdesc(collective_kind::allgatherv, send, send_count, recv, counts, displs, nullptr, nullptr, t));
+    return run(vdesc<collective_kind::allgatherv>(send, send_count, recv, counts, displs, nullptr, nullptr, t));
   }
   work allgatherv_async(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
                         const std::size_t* displs, dtype t) {
-    return submit(vdesc(collective_kind::allgatherv, send, send_count, recv, counts, displs, nullptr, nullptr, t));
+    return submit(vdesc<collective_kind::allgatherv>(send, send_count, recv, counts, displs, nullptr, nullptr, t));
   }
 
   /// recv (count) = block rank() of every rank's send (size() * count), reduced.
   /// In place: recv == send + rank() * count.
   status reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return run(rooted(collective_kind::reduce_scatter, send, recv, count, t, op, 0));
+    return run(rooted<collective_kind::reduce_scatter>(send, recv, count, t, op, 0));
   }
   work reduce_scatter_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return submit(rooted(collective_kind::reduce_scatter, send, recv, count, t, op, 0));
+    return submit(rooted<collective_kind::reduce_scatter>(send, recv, count, t, op, 0));
   }
 
   /// Block r of `send` (count elements each) goes to rank r, block r of `recv`
   /// comes from rank r. `send == recv` is the in-place form (MPI_IN_PLACE):
   /// each block is swapped with its rank through a bounded scratch buffer.
   status alltoall(const void* send, void* recv, std::size_t count, dtype t) {
-    return run(rooted(collective_kind::alltoall, send, recv, count, t, reduce_op::sum, 0));
+    return run(rooted<collective_kind::alltoall>(send, recv, count, t, reduce_op::sum, 0));
   }
   work alltoall_async(const void* send, void* recv, std::size_t count, dtype t) {
-    return submit(rooted(collective_kind::alltoall, send, recv, count, t, reduce_op::sum, 0));
+    return submit(rooted<collective_kind::alltoall>(send, recv, count, t, reduce_op::sum, 0));
   }
 
   /// Alltoall with per-peer counts and displacements (size() entries each).
@@ -194,28 +194,28 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// ways (send ones may be null) and must be symmetric, as MPI_IN_PLACE says.
   status alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
                    void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t) {
-    return run(vdesc(collective_kind::alltoallv, send, 0, recv, send_counts, send_displs, recv_counts,
+    return run(vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
                      recv_displs, t));
   }
   work alltoallv_async(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
                        void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t) {
-    return submit(vdesc(collective_kind::alltoallv, send, 0, recv, send_counts, send_displs, recv_counts,
+    return submit(vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
                         recv_displs, t));
   }
 
   /// root's recv (size() * count) = every rank's send (count) in rank order.
   status gather(const void* send, void* recv, std::size_t count, dtype t, int root) {
-    return run(rooted(collective_kind::gather, send, recv, count, t, reduce_op::sum, root));
+    return run(rooted<collective_kind::gather>(send, recv, count, t, reduce_op::sum, root));
   }
   work gather_async(const void* send, void* recv, std::size_t count, dtype t, int root) {
-    return submit(rooted(collective_kind::gather, send, recv, count, t, reduce_op::sum, root));
+    return submit(rooted<collective_kind::gather>(send, recv, count, t, reduce_op::sum, root));
   }
   /// Every rank's recv (count) = block rank() of root's send (size() * count).
   status scatter(const void* send, void* recv, std::size_t count, dtype t, int root) {
-    return run(rooted(collective_kind::scatter, send, recv, count, t, reduce_op::sum, root));
+    return run(rooted<collective_kind::scatter>(send, recv, count, t, reduce_op::sum, root));
   }
   work scatter_async(const void* send, void* recv, std::size_t count, dtype t, int root) {
-    return submit(rooted(collective_kind::scatter, send, recv, count, t, reduce_op::sum, root));
+    return submit(rooted<collective_kind::scatter>(send, recv, count, t, reduce_op::sum, root));
   }
 
   /// Point to point: `peer` must call recv (or sendrecv) with the same count
@@ -228,16 +228,16 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// (until the deadline) once the message exceeds the link buffer. Exchange
   /// with sendrecv / sendrecv_async, which moves both directions at once.
   status send(const void* buf, std::size_t count, dtype t, int peer) {
-    return run(rooted(collective_kind::send, buf, nullptr, count, t, reduce_op::sum, peer));
+    return run(rooted<collective_kind::send>(buf, nullptr, count, t, reduce_op::sum, peer));
   }
   work send_async(const void* buf, std::size_t count, dtype t, int peer) {
-    return submit(rooted(collective_kind::send, buf, nullptr, count, t, reduce_op::sum, peer));
+    return submit(rooted<collective_kind::send>(buf, nullptr, count, t, reduce_op::sum, peer));
   }
   status recv(void* buf, std::size_t count, dtype t, int peer) {
-    return run(rooted(collective_kind::recv, nullptr, buf, count, t, reduce_op::sum, peer));
+    return run(rooted<collective_kind::recv>(nullptr, buf, count, t, reduce_op::sum, peer));
   }
   work recv_async(void* buf, std::size_t count, dtype t, int peer) {
-    return submit(rooted(collective_kind::recv, nullptr, buf, count, t, reduce_op::sum, peer));
+    return submit(rooted<collective_kind::recv>(nullptr, buf, count, t, reduce_op::sum, peer));
   }
   /// Sends to `dst` and receives from `src` at the same time (no deadlock
   /// when two ranks exchange large messages).
@@ -251,8 +251,8 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   }
 
   /// Returns once every rank called barrier().
-  status barrier() { return run(op_desc{}); }
-  work barrier_async() { return submit(op_desc{}); }
+  status barrier() { return run(rooted<collective_kind::barrier>(nullptr, nullptr, 0, dtype::uint8, reduce_op::sum, 0)); }
+  work barrier_async() { return submit(rooted<collective_kind::barrier>(nullptr, nullptr, 0, dtype::uint8, reduce_op::sum, 0)); }
 
   /// Color that leaves a rank out of every sub-communicator of split().
   static constexpr int no_color = -1;
@@ -368,21 +368,25 @@ CCLITE_SETUP_CODE_END
   // A call is checked here, then queued (work_queue.hpp); the queue's thread
   // or the caller runs it through comm_dispatch.hpp's execute().
 
-  static op_desc rooted(collective_kind k, const void* send, void* recv, std::size_t count, dtype t,
-                        reduce_op op, int root) {
-    return op_desc::of(k, send, recv, count, t, op, root);
+  // Each call names its kind at compile time: the op_desc carries the code
+  // for that kind (op_desc::runner), compiled only for kinds the program calls.
+  template <collective_kind K>
+  static op_desc rooted(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
+    op_desc d = op_desc::of(K, send, recv, count, t, op, root);
+    d.runner = &core::template run_kind<K>;
+    return d;
   }
   static op_desc sendrecv_desc(const void* send, std::size_t send_count, int dst, void* recv,
                                std::size_t recv_count, int src, dtype t) {
-    op_desc d = rooted(collective_kind::sendrecv, send, recv, send_count, t, reduce_op::sum, dst);
+    op_desc d = rooted<collective_kind::sendrecv>(send, recv, send_count, t, reduce_op::sum, dst);
     d.peer2 = src;
     d.count2 = recv_count;
     return d;
   }
-  static op_desc vdesc(collective_kind k, const void* send, std::size_t send_count, void* recv,
-                       const std::size_t* counts, const std::size_t* displs, const std::size_t* rcounts,
-                       const std::size_t* rdispls, dtype t) {
-    op_desc d = rooted(k, send, recv, send_count, t, reduce_op::sum, 0);
+  template <collective_kind K>
+  static op_desc vdesc(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
+                       const std::size_t* displs, const std::size_t* rcounts, const std::size_t* rdispls, dtype t) {
+    op_desc d = rooted<K>(send, recv, send_count, t, reduce_op::sum, 0);
     d.counts = counts;
     d.displs = displs;
     d.rcounts = rcounts;
