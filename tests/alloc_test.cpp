@@ -291,6 +291,42 @@ void run_net(net n) {
   CHECK(r.all_ok());
 }
 
+// A group of sends and receives (group_start / group_end): its transfer list
+// and the engine's steps keep their capacity, so repeating a group of the
+// same shape allocates nothing.
+int group_main(int rank, int size, const std::string& dir) {
+  auto kv = test::open_dir_store(dir);
+  auto c = test::make_comm(*kv, rank, size);
+  const int peer = 1 - rank;
+  std::vector<std::uint8_t> out(3u << 20, static_cast<std::uint8_t>(rank)), in(out.size());
+  auto group = [&](std::size_t bytes) {
+    c->group_start();
+    status st = c->send(out.data(), bytes, dtype::uint8, peer);
+    if (st.ok()) st = c->recv(in.data(), bytes, dtype::uint8, peer);
+    if (st.ok()) st = c->send(out.data(), 100, dtype::uint8, rank);  // and one to itself
+    if (st.ok()) st = c->recv(in.data() + bytes, 100, dtype::uint8, rank);
+    status end = c->group_end();
+    return st.ok() ? end : st;
+  };
+  MP_REQUIRE_OK(group(out.size() - 100));  // warm-up: links, capacities
+  for (std::size_t bytes : {std::size_t(8), std::size_t(4097), out.size() - 100}) {
+    g_count.store(0);
+    g_armed.store(true);
+    status st = group(bytes);
+    g_armed.store(false);
+    MP_REQUIRE_OK(st);
+    if (g_count.load() != 0) {
+      std::fprintf(stderr, "rank %d: %ld heap allocation(s) inside a group of %zu bytes each way, the first %s(%zu)\n",
+                   rank, g_count.load(), bytes, g_trace_kind, g_trace_bytes);
+      if (g_have_trace.load()) ::backtrace_symbols_fd(g_trace, g_trace_depth, 2);
+      return 1;
+    }
+  }
+  MP_CHECK(in[0] == peer);
+  MP_REQUIRE_OK(c->barrier());
+  return 0;
+}
+
 }  // namespace
 
 TEST_CASE("allreduce allocates nothing once set up: shm, every algorithm and a shared window") { run_net(net::shm_only); }
@@ -352,6 +388,17 @@ TEST_CASE("the allocation counter sees operator new and malloc") {
   delete p;
   std::free(q);
   CHECK(seen == 3);
+}
+
+TEST_CASE("a repeated group of sends and receives allocates nothing: shm, tcp") {
+  for (net n : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        2, [&](int rank, int size) { return group_main(rank, size, dir.path); }, std::chrono::seconds(120),
+        [&](int rank) { test::set_net_env(n, rank, 2); });
+    INFO("net ", test::to_string(n), ": ", r.describe());
+    CHECK(r.all_ok());
+  }
 }
 
 #else  // CCLITE_ALLOC_TEST_OFF

@@ -177,6 +177,143 @@ TEST_CASE("async: every call has an async form, run in issue order, shm / tcp / 
   run(4, net::mixed, every_async_form);
 }
 
+namespace {
+// Groups of point-to-point calls (group_start / group_end). Each part would
+// deadlock, or deliver to the wrong buffer, if the group ran its calls one by
+// one in issue order or lost the per-peer order:
+//  1. a ring shift larger than the link buffers, every rank's send first;
+//  2. a hand-written all-to-all with a different size per pair (odd byte
+//     counts, so each transfer is padded), two transfers per pair in one
+//     direction (their order must hold), the receives issued in reverse peer
+//     order, and the send to itself;
+//  3. nesting: the inner group_end() runs nothing;
+//  4. a grouped send meets a lone recv;
+//  5. misuse fails on the calling rank and leaves the group and the
+//     communicator usable.
+int p2p_groups(default_communicator& c, store&) {
+  const int n = c.size(), r = c.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto val = [](int from, int to, std::size_t i) { return static_cast<std::uint8_t>(from * 31 + to * 7 + i * 13); };
+  int wrong = 0;
+  auto expect = [&](const char* what, int peer, std::size_t i, unsigned got, unsigned want) {
+    if (got != want && wrong++ < 5)
+      std::fprintf(stderr, "rank %d: %s (peer %d) byte %zu: got %u, want %u\n", r, what, peer, i, got, want);
+  };
+
+  // 1. ring shift, 12 MiB + 5 bytes: more than a link buffer (4 MiB) holds.
+  const std::size_t big = (12u << 20) + 5;
+  std::vector<std::uint8_t> out(big), in(big, 0);
+  for (std::size_t i = 0; i < big; ++i) out[i] = val(r, next, i);
+  c.group_start();
+  MP_REQUIRE_OK(c.send(out.data(), big, dtype::uint8, next));
+  MP_REQUIRE_OK(c.recv(in.data(), big, dtype::uint8, prev));
+  MP_CHECK(in[0] == 0 && in[big - 1] == 0);  // recorded, not run
+  MP_REQUIRE_OK(c.group_end());
+  for (std::size_t i = 0; i < big; ++i) expect("ring shift", prev, i, in[i], val(prev, r, i));
+
+  // 2. all-to-all: r sends `a(r, q)` then `b` bytes to q; receives in reverse order.
+  // Both messages span several 64 KiB pieces: the second must not start on the
+  // link before the first is through.
+  auto a = [&](int from, int to) { return std::size_t(100000) * (from + 1) + 77 * to + (to == from ? 3 : 1); };
+  const std::size_t b = 600000;  // the second message, past a tcp buffer
+  std::vector<std::vector<std::uint8_t>> sa(n), sb(n), ra(n), rb(n);
+  c.group_start();
+  for (int q = 0; q < n; ++q) {
+    sa[q].resize(a(r, q));
+    sb[q].resize(b);
+    for (std::size_t i = 0; i < sa[q].size(); ++i) sa[q][i] = val(r, q, i);
+    for (std::size_t i = 0; i < b; ++i) sb[q][i] = val(r, q, i + 5);
+    MP_REQUIRE_OK(c.send(sa[q].data(), sa[q].size(), dtype::uint8, q));
+    MP_REQUIRE_OK(c.send(sb[q].data(), b, dtype::uint8, q));
+  }
+  for (int q = n - 1; q >= 0; --q) {
+    ra[q].assign(a(q, r), 0);
+    rb[q].assign(b, 0);
+    MP_REQUIRE_OK(c.recv(ra[q].data(), ra[q].size(), dtype::uint8, q));
+    MP_REQUIRE_OK(c.recv(rb[q].data(), b, dtype::uint8, q));
+  }
+  MP_REQUIRE_OK(c.group_end());
+  for (int q = 0; q < n; ++q) {
+    for (std::size_t i = 0; i < ra[q].size(); ++i) expect("all-to-all first", q, i, ra[q][i], val(q, r, i));
+    for (std::size_t i = 0; i < b; ++i) expect("all-to-all second", q, i, rb[q][i], val(q, r, i + 5));
+  }
+
+  // 3. nested: the inner group_end() runs nothing; sendrecv inside.
+  std::vector<std::int32_t> x(1000, r), y(1000, -1);
+  c.group_start();
+  c.group_start();
+  MP_REQUIRE_OK(c.sendrecv(x.data(), x.size(), next, y.data(), y.size(), prev, dtype::int32));
+  MP_REQUIRE_OK(c.group_end());
+  MP_CHECK(y[0] == -1);
+  MP_REQUIRE_OK(c.group_end());
+  MP_CHECK(y[0] == prev && y[999] == prev);
+
+  // 4. a grouped send to the next rank, a lone recv from the previous one
+  // (rank 0 receives first: a lone send would have nobody receiving).
+  std::vector<float> f(5000, static_cast<float>(r) + 0.5f), g(5000, 0.0f);
+  if (r == 0) MP_REQUIRE_OK(c.recv(g.data(), g.size(), dtype::float32, prev));
+  c.group_start();
+  MP_REQUIRE_OK(c.send(f.data(), f.size(), dtype::float32, next));
+  MP_REQUIRE_OK(c.group_end());
+  if (r != 0) MP_REQUIRE_OK(c.recv(g.data(), g.size(), dtype::float32, prev));
+  MP_CHECK(g[0] == static_cast<float>(prev) + 0.5f && g[4999] == g[0]);
+
+  // 5. misuse.
+  MP_CHECK(c.group_end().code() == errc::invalid_argument);  // none open
+  c.group_start();
+  MP_REQUIRE_OK(c.group_end());  // empty
+  std::int32_t one = 1, got = 0;
+  c.group_start();
+  status st = c.allreduce(&one, 1);
+  MP_CHECK(st.code() == errc::invalid_argument);
+  MP_CHECK(st.message().find("only send, recv and sendrecv") != std::string::npos);
+  work w = c.send_async(&one, 1, dtype::int32, next);
+  MP_CHECK(w.wait(std::chrono::seconds(1)).code() == errc::invalid_argument);
+  MP_CHECK(c.send(&one, 1, dtype::int32, n + 3).code() == errc::invalid_argument);  // not recorded
+  MP_REQUIRE_OK(c.send(&one, 1, dtype::int32, next));
+  MP_REQUIRE_OK(c.recv(&got, 1, dtype::int32, prev));
+  MP_REQUIRE_OK(c.group_end());
+  MP_CHECK(got == 1);
+  MP_REQUIRE_OK(c.allreduce(&one, 1));
+  MP_CHECK(one == n);
+  return wrong ? 1 : 0;
+}
+}  // namespace
+
+TEST_CASE("group: sends and receives to every peer progress together, shm / tcp / mixed") {
+  run(3, net::shm_only, p2p_groups);
+  run(2, net::tcp_only, p2p_groups);
+  run(4, net::mixed, p2p_groups);
+}
+
+TEST_CASE("group: a send nobody receives ends at the deadline, naming the peer") {
+  for (net how : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        2,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          comm_options o;
+          o.timeout = milliseconds(1500);
+          auto c = test::make_comm(*kv, rank, sz, o);
+          if (rank == 1) {
+            std::this_thread::sleep_for(std::chrono::seconds(4));  // alive, never receives
+            return 0;
+          }
+          std::vector<std::uint8_t> big(16u << 20, 1);
+          c->group_start();
+          MP_REQUIRE_OK(c->send(big.data(), big.size(), dtype::uint8, 1));
+          status st = c->group_end();
+          MP_CHECK(st.code() == errc::timeout);
+          MP_CHECK(st.message().find("group #1") != std::string::npos);
+          MP_CHECK(st.message().find("sending to rank 1") != std::string::npos);
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) { test::set_net_env(how, rank, 2); });
+    INFO(test::to_string(how), ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
 TEST_CASE("argument errors are reported and leave the communicator usable") {
   run(2, net::shm_only, [](default_communicator& c, store&) {
     MP_CHECK(c.allreduce(nullptr, nullptr, 4, dtype::float32, reduce_op::sum).code() == errc::invalid_argument);

@@ -33,6 +33,8 @@ inline std::string describe_call(const op_desc& d, std::uint64_t seq, int rank) 
   char buf[200];
   if (d.kind == collective_kind::barrier) {
     std::snprintf(buf, sizeof buf, "rank %d: barrier #%" PRIu64, rank, seq);
+  } else if (d.kind == collective_kind::group) {
+    std::snprintf(buf, sizeof buf, "rank %d: group #%" PRIu64 " (%zu transfers)", rank, seq, d.count);
   } else {
     const bool op = d.kind == collective_kind::allreduce;
     std::snprintf(buf, sizeof buf, "rank %d: %s #%" PRIu64 " (%zu x %s%s%s)", rank, to_string(d.kind), seq, d.count,
@@ -64,6 +66,7 @@ inline const char* describe_algorithm(collective_kind k, const call_route& r) {
     case collective_kind::gather: case collective_kind::scatter: return "direct to/from the root";
     case collective_kind::alltoall: case collective_kind::alltoallv: return "pairwise exchange";
     case collective_kind::send: case collective_kind::recv: case collective_kind::sendrecv: return "direct";
+    case collective_kind::group: return "direct, every peer's transfers at once";
     default: return "ring";
   }
 }
@@ -76,7 +79,7 @@ class call_log {
   /// True the first time a call of `d`'s kind and size class comes; `bytes`
   /// and `cls` (its class: bytes <= 2^cls) are set either way.
   bool first(const op_desc& d, std::size_t& bytes, int& cls) noexcept {
-    bytes = d.count * (d.kind == collective_kind::barrier ? 0 : size_of(d.type));
+    bytes = d.count * (d.kind == collective_kind::barrier || d.kind == collective_kind::group ? 0 : size_of(d.type));
     cls = 0;
     while (cls < 63 && (std::size_t(1) << cls) < bytes) ++cls;
     const std::uint64_t bit = std::uint64_t(1) << cls;

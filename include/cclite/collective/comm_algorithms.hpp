@@ -13,10 +13,12 @@
 #include <vector>
 
 #include <cclite/algorithm/halving_doubling.hpp>
+#include <cclite/algorithm/p2p_group.hpp>
 #include <cclite/algorithm/recursive_doubling.hpp>
 #include <cclite/algorithm/ring_gather.hpp>
 #include <cclite/algorithm/tree.hpp>
 #include <cclite/collective/comm_core.hpp>
+#include <cclite/transport/any_link.hpp>
 
 namespace cclite::detail {
 
@@ -212,6 +214,22 @@ class comm_algorithms : public comm_core<Transports...> {
     }
     return {};
   }
+  // A group of sends and receives (communicator::group_start()): connects
+  // every peer of the group (each rank asks for its own set; the pair order
+  // of ensure_links keeps that deadlock-free), then moves all of them at once.
+  status run_group(const op_desc& d, deadline until) {
+    std::vector<int>& peers = scratch_peers_;
+    peers.clear();
+    for (std::size_t i = 0; i < d.count; ++i)
+      if (d.transfers[i].peer != rank_) peers.push_back(d.transfers[i].peer);
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    CCLITE_TRY(ensure_links(peers.data(), static_cast<int>(peers.size()), until));
+    using L = any_link<typename base::link>;
+    return run_p2p_group(d.transfers, d.count, rank_, [&](int p) { return L(this->link_at(p)); }, until,
+                         group_steps_);
+  }
+
   static std::size_t rcount_of(const op_desc& d, int r) { return d.rcounts ? d.rcounts[r] : d.count; }
   static std::size_t rdispl_of(const op_desc& d, int r) {
     return d.rdispls ? d.rdispls[r] : static_cast<std::size_t>(r) * d.count;
@@ -248,6 +266,7 @@ class comm_algorithms : public comm_core<Transports...> {
     return {};
   }
 
+  std::vector<group_step> group_steps_;  // run_group's scratch: reused, a steady stream of groups does not allocate
 };
 
 }  // namespace cclite::detail

@@ -190,6 +190,8 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       return run_rooted_direct(d, send, recv, bytes, elem, until);
     } else if constexpr (K == ck::alltoall || K == ck::alltoallv) {
       return run_alltoall(d, send, recv, elem, until);
+    } else if constexpr (K == ck::group) {
+      return this->run_group(d, until);
     } else {
       static_assert(K == ck::send || K == ck::recv || K == ck::sendrecv, "a collective_kind without an algorithm");
       const int dst = K == ck::recv ? -1 : d.root;

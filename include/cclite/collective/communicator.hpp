@@ -226,7 +226,8 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// like NCCL's ncclSend / ncclRecv outside a group, not like MPI_Isend: two
   /// ranks that each issue send_async then recv_async to the other deadlock
   /// (until the deadline) once the message exceeds the link buffer. Exchange
-  /// with sendrecv / sendrecv_async, which moves both directions at once.
+  /// with sendrecv / sendrecv_async, which moves both directions at once, or
+  /// issue the calls in a group (group_start(), below).
   status send(const void* buf, std::size_t count, dtype t, int peer) {
     return run(rooted<collective_kind::send>(buf, nullptr, count, t, reduce_op::sum, peer));
   }
@@ -253,6 +254,39 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// Returns once every rank called barrier().
   status barrier() { return run(rooted<collective_kind::barrier>(nullptr, nullptr, 0, dtype::uint8, reduce_op::sum, 0)); }
   work barrier_async() { return submit(rooted<collective_kind::barrier>(nullptr, nullptr, 0, dtype::uint8, reduce_op::sum, 0)); }
+
+  // ---- groups of point-to-point calls ---------------------------------------------
+  //
+  // Like ncclGroupStart / ncclGroupEnd (torch.distributed.batch_isend_irecv):
+  // send(), recv() and sendrecv() issued between group_start() and group_end()
+  // are checked and recorded, return at once, and run together in group_end(),
+  // every peer's transfers progressing side by side. Any pattern in which each
+  // send meets its receive in the peer's group completes whatever the sizes (a
+  // ring shift, a halo exchange, a hand-written all-to-all), where the same
+  // calls one by one would wait on each other past the link buffer. Transfers
+  // to one peer keep their issue order; a grouped send matches a lone recv.
+  //
+  // Groups nest: the outermost group_end() runs the calls. Buffers must stay
+  // valid until it returns. A group belongs to the communicator, not to a
+  // thread: issue it from one thread, no other thread calling this
+  // communicator meanwhile. Inside a group the other calls (collectives, the
+  // _async forms, device buffers) fail with invalid_argument / unsupported and
+  // are not recorded: NCCL groups collectives too, cclite does not.
+
+  /// Opens a group (above).
+  void group_start() noexcept { ++group_depth_; }
+  /// Closes a group. The outermost runs the recorded calls, in issue order with
+  /// this communicator's other calls, and returns their status.
+  /// Errors: invalid_argument (no group open), those of send / recv.
+  status group_end() {
+    if (group_depth_ == 0) return make_error(errc::invalid_argument, "group_end() without a group_start()");
+    if (--group_depth_ > 0 || group_.empty()) return {};
+    op_desc d = rooted<collective_kind::group>(nullptr, nullptr, group_.size(), dtype::uint8, reduce_op::sum, 0);
+    d.transfers = group_.data();
+    status st = queue_.run(d);  // each transfer was checked, and kept off device buffers, when issued
+    group_.clear();  // keeps its capacity: the next group of this size does not allocate
+    return st;
+  }
 
   /// Color that leaves a rank out of every sub-communicator of split().
   static constexpr int no_color = -1;
@@ -398,14 +432,47 @@ CCLITE_SETUP_CODE_END
   // issued before has finished (issue order, as for every call).
   status run(const op_desc& d) {
     CCLITE_TRY(detail::validate(d, size_));
+    if (group_depth_) return record(d);
     if (device_ && device_->owns(d)) return run_on_device(d);
     return queue_.run(d);
   }
   work submit(const op_desc& d) {
+    if (group_depth_) {
+      return work::failed(make_error(errc::invalid_argument, "%s_async inside group_start() .. group_end(): "
+                                     "use %s, the group's status comes from group_end()", to_string(d.kind),
+                                     to_string(d.kind)));
+    }
     status st = detail::validate(d, size_);
     if (!st.ok()) return work::failed(std::move(st));
     if (device_ && device_->owns(d)) return work::completed(run_on_device(d));
     return queue_.submit(d);
+  }
+  // A call inside a group: its transfers, to run at group_end().
+  status record(const op_desc& d) {
+    const bool send = d.kind == collective_kind::send, recv = d.kind == collective_kind::recv;
+    if (!send && !recv && d.kind != collective_kind::sendrecv) {
+      return make_error(errc::invalid_argument, "%s inside group_start() .. group_end(): only send, recv and "
+                        "sendrecv can be grouped; call it after group_end()", to_string(d.kind));
+    }
+    if (device_ && device_->owns(d))
+      return make_error(errc::unsupported, "%s on device buffers cannot be grouped", to_string(d.kind));
+    const std::size_t elem = size_of(d.type);
+    p2p_transfer t;
+    if (!recv) {
+      t.peer = d.root;
+      t.is_send = true;
+      t.send = static_cast<const std::uint8_t*>(d.send);
+      t.bytes = d.count * elem;
+      group_.push_back(t);
+    }
+    if (!send) {
+      t = p2p_transfer();
+      t.peer = recv ? d.root : d.peer2;
+      t.recv = static_cast<std::uint8_t*>(d.recv);
+      t.bytes = (recv ? d.count : d.count2) * elem;
+      group_.push_back(t);
+    }
+    return {};
   }
   status run_on_device(const op_desc& d) {
     queue_.wait_idle();
@@ -413,6 +480,8 @@ CCLITE_SETUP_CODE_END
   }
 
   int splits_ = 0;
+  int group_depth_ = 0;  // group_start() minus group_end()
+  std::vector<p2p_transfer> group_;  // the open group's transfers
   device_hook* device_ = nullptr;  // set_device_hook()
   // Reused between calls so that steady-state collectives do not allocate.
   detail::work_queue queue_;  // last: its thread must stop before the rest is destroyed

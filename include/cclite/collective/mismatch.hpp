@@ -169,7 +169,8 @@ CCLITE_SETUP_CODE_END
 
 /// True for the calls that carry a header (all but point-to-point).
 inline bool has_call_header(collective_kind k) {
-  return k != collective_kind::send && k != collective_kind::recv && k != collective_kind::sendrecv;
+  return k != collective_kind::send && k != collective_kind::recv && k != collective_kind::sendrecv &&
+         k != collective_kind::group;
 }
 
 /// The header of `d`, the `seq`-th collective of this communicator. Fields a

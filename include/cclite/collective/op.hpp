@@ -17,8 +17,9 @@ namespace cclite {
 enum class collective_kind : std::uint8_t {
   allreduce, broadcast, barrier, reduce, allgather, reduce_scatter, alltoall, gather, scatter,
   send, recv, sendrecv, allgatherv, alltoallv,
+  group,  ///< the sends and receives of communicator::group_start() .. group_end()
 };
-inline constexpr int collective_kind_count = 14;
+inline constexpr int collective_kind_count = 15;
 
 inline const char* to_string(collective_kind k) noexcept {
   switch (k) {
@@ -36,11 +37,15 @@ inline const char* to_string(collective_kind k) noexcept {
     case collective_kind::sendrecv: return "sendrecv";
     case collective_kind::allgatherv: return "allgatherv";
     case collective_kind::alltoallv: return "alltoallv";
+    case collective_kind::group: return "group";
   }
   return "?";
 }
 
 struct op_desc;
+
+struct p2p_transfer;  // algorithm/p2p_group.hpp
+
 namespace detail {
 class op_executor;  // work_queue.hpp
 /// The code that runs one kind of call on a communicator (`ex`). Each public
@@ -71,6 +76,8 @@ struct op_desc {
   /// Set by communicator (the call's algorithms); null in a call built
   /// elsewhere, e.g. for a device hook, which runs it its own way.
   detail::op_runner runner = nullptr;
+  /// group: the `count` transfers, checked when they were issued.
+  const p2p_transfer* transfers = nullptr;
 
   /// The common fields at once (the v-variants and sendrecv add theirs).
   static op_desc of(collective_kind k, const void* send, void* recv, std::size_t count, dtype t,
@@ -97,7 +104,7 @@ inline bool overflows(std::size_t count, std::size_t times, dtype t) {
 /// Checks what one rank can check alone. `size` = number of ranks.
 inline status validate(const op_desc& d, int size) {
   const char* name = to_string(d.kind);
-  if (d.kind == collective_kind::barrier) return {};
+  if (d.kind == collective_kind::barrier || d.kind == collective_kind::group) return {};
   if (!is_valid(d.type)) return make_error(errc::invalid_argument, "%s: invalid dtype %d", name, static_cast<int>(d.type));
   const bool reduces = d.kind == collective_kind::allreduce || d.kind == collective_kind::reduce ||
                        d.kind == collective_kind::reduce_scatter;
