@@ -37,6 +37,10 @@ if(TARGET cclite_verbs AND TARGET cclite_shm AND TARGET cclite_tcp)
   cclite_verbs_emulated_test(collectives_verbs_emulated collectives_test.cpp CCLITE_DEFAULT_WITH_VERBS=1)
   add_test(NAME collectives_verbs_emulated COMMAND collectives_verbs_emulated
            "--test-case=*tcp*,*mixed*,*tree forced*")
+  # Groups of sends and receives (collective_test.cpp's "group" cases): every
+  # peer's transfers side by side on the emulated HCA's links.
+  cclite_verbs_emulated_test(group_verbs_emulated collective_test.cpp CCLITE_DEFAULT_WITH_VERBS=1)
+  add_test(NAME group_verbs_emulated COMMAND group_verbs_emulated "--test-case=group: sends*")
   # Failures over verbs (fault_test.cpp, its tcp cases going over verbs): a
   # rank killed mid-collective, one leaving silently, abort, mismatches, each
   # reported on every rank, not at the deadline. RDMA reports a dead peer only
@@ -45,9 +49,11 @@ if(TARGET cclite_verbs AND TARGET cclite_shm AND TARGET cclite_tcp)
   add_test(NAME fault_verbs_emulated COMMAND fault_verbs_emulated)
 
   # A peer reached by tcp instead of verbs fails the two matrix tests.
-  set_tests_properties(collectives_verbs_emulated fault_verbs_emulated PROPERTIES FAIL_REGULAR_EXPRESSION "via tcp")
+  set_tests_properties(collectives_verbs_emulated fault_verbs_emulated group_verbs_emulated PROPERTIES
+    FAIL_REGULAR_EXPRESSION "via tcp")
   set(emulated_ibv_dir ${CMAKE_CURRENT_BINARY_DIR}/emulated_ibverbs)
   file(MAKE_DIRECTORY ${emulated_ibv_dir})
-  set_tests_properties(verbs_emulated_test collectives_verbs_emulated fault_verbs_emulated PROPERTIES TIMEOUT 300
+  set_tests_properties(verbs_emulated_test collectives_verbs_emulated fault_verbs_emulated group_verbs_emulated
+    PROPERTIES TIMEOUT 300
     ENVIRONMENT "CCLITE_EMULATED_IBV_DIR=${emulated_ibv_dir};CCLITE_DEBUG=INFO;CCLITE_IB_TIMEOUT=12")
 endif()
