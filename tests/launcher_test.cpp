@@ -20,11 +20,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -593,27 +591,14 @@ int bind_error(int port) {
   return e;
 }
 
-// A port nobody listens on, chosen outside the kernel's ephemeral range: a
-// port the kernel handed out (bind to 0) is free again once released, and a
-// test running beside this one (ctest -j) may then get it for its own
-// listener or outgoing connection before the agents bind it. That happened
-// in CI: both agents of a job found the port taken and timed out connecting.
+// A port nobody listens on, outside the kernel's ephemeral range
+// (tools/run/posix.hpp says why: a port bind(0) handed out went to a test
+// running beside this one in CI, and both agents of a job timed out).
 std::string free_port() {
-  int lo = 32768, hi = 60999;
-  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
-    std::fclose(f);
-  }
-  // Below the ephemeral range when there is room, else above it.
-  const int from = lo > 12000 ? 10000 : hi + 1, to = lo > 12000 ? lo - 1 : 65535;
-  REQUIRE(to > from);
-  static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(std::time(nullptr)));
-  for (int tries = 0; tries < 200; ++tries) {
-    const int p = from + static_cast<int>(rng() % static_cast<unsigned>(to - from + 1));
-    if (bind_error(p) == 0) return std::to_string(p);
-  }
-  FAIL("no free port in [" << from << ", " << to << "]");
-  return {};
+  std::string err;
+  const int p = cclite::run::find_free_port("127.0.0.1", err);
+  REQUIRE_MESSAGE(p > 0, err);
+  return std::to_string(p);
 }
 
 std::vector<std::string> agent_args(const std::string& port, const std::string& id,

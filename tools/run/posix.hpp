@@ -13,8 +13,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <csignal>
 #include <cstring>
+#include <random>
 #include <string>
 
 namespace cclite::run {
@@ -131,32 +135,62 @@ inline std::string host_name() {
   return buf;
 }
 
-/// A TCP port that is free on `ipv4_addr` right now: bind port 0, read the port
-/// the kernel chose, close. Another process may take it before rank 0 binds it
-/// (torchrun --standalone has the same window); the window is microseconds.
-/// Returns the port, or 0 with `error` set.
-inline int find_free_port(const char* ipv4_addr, std::string& error) {
+// Binds a TCP socket to ipv4_addr:port (a name or an unparsable address: any
+// address) and closes it. Returns 0 or bind's errno; `port` 0 asks the kernel
+// for one, and *bound gets the port bound.
+inline int try_bind(const char* ipv4_addr, int port, int* bound, std::string& error) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) {
     error = std::string("socket(): ") + std::strerror(errno);
-    return 0;
+    return errno ? errno : EINVAL;
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = 0;
-  if (::inet_pton(AF_INET, ipv4_addr, &addr.sin_addr) != 1)
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, ipv4_addr, &addr.sin_addr) != 1) addr.sin_addr.s_addr = htonl(INADDR_ANY);
   socklen_t len = sizeof(addr);
-  int port = 0;
+  int e = 0;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    error = std::string("bind(") + ipv4_addr + ":0): " + std::strerror(errno);
+    e = errno;
+    error = std::string("bind(") + ipv4_addr + ":" + std::to_string(port) + "): " + std::strerror(e);
   } else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    error = std::string("getsockname(): ") + std::strerror(errno);
-  } else {
-    port = ntohs(addr.sin_port);
+    e = errno;
+    error = std::string("getsockname(): ") + std::strerror(e);
+  } else if (bound) {
+    *bound = ntohs(addr.sin_port);
   }
   ::close(fd);
-  return port;
+  return e;
+}
+
+/// A TCP port free on `ipv4_addr` now, for a listener that binds it later
+/// (MASTER_PORT: rank 0's worker), or 0 with `error` set. Picked at random
+/// outside the kernel's ephemeral range (net.ipv4.ip_local_port_range): a
+/// port that bind(0) hands out is free again once released, and any
+/// process's next outgoing connection may get it before the listener binds
+/// (torchrun's start-up "address already in use"; this project's CI hit it).
+/// Outside that range only another explicit bind competes. Falls back to the
+/// kernel's choice when 200 random ports are all taken.
+inline int find_free_port(const char* ipv4_addr, std::string& error) {
+  int lo = 32768, hi = 60999;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+    std::fclose(f);
+  }
+  // Below the ephemeral range when there is room (above the well-known and
+  // commonly registered ports), else above it.
+  const int from = lo > 12000 ? 10000 : hi + 1, to = lo > 12000 ? lo - 1 : 65535;
+  if (to > from) {
+    std::minstd_rand rng(static_cast<unsigned>(::getpid()) ^
+                         static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    for (int tries = 0; tries < 200; ++tries) {
+      const int p = from + static_cast<int>(rng() % static_cast<unsigned>(to - from + 1));
+      std::string ignored;
+      if (try_bind(ipv4_addr, p, nullptr, ignored) == 0) return p;
+    }
+  }
+  int port = 0;
+  return try_bind(ipv4_addr, 0, &port, error) == 0 ? port : 0;
 }
 
 }  // namespace cclite::run
