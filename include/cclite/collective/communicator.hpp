@@ -18,6 +18,8 @@
 //
 // Thread safety: calls may come from any thread; they run one at a time in
 // issue order (see work_queue.hpp). abort() may be called from any thread.
+// A group of point-to-point calls (group_start() .. group_end()) is the
+// exception: one thread issues it, with no other calls in between.
 // A communicator and the children split() made from it share connections
 // (link_pool.hpp): their collectives run one at a time (a lock), and each
 // pair of ranks must issue them in the same order, or the calls report
