@@ -5,7 +5,8 @@
 //   build/bin/cclite-run --nproc-per-node 4 build/bin/allgather_perf -b 8 -e 64M -f 4
 //
 // Same flags and columns as allreduce_perf, plus -a ALGO (sets CCLITE_ALGO for
-// this collective) and -r ROOT (broadcast, reduce). "size" and busbw follow
+// this collective; sendrecv_perf -a group issues each ring shift as a group of
+// a send and a recv, as nccl-tests does) and -r ROOT (broadcast, reduce). "size" and busbw follow
 // nccl-tests: allgather size = the gathered output, reduce_scatter size = the
 // input, alltoall size = one rank's send buffer, all with busbw = algbw (n-1)/n;
 // broadcast, reduce and sendrecv use busbw = algbw.
@@ -97,11 +98,14 @@ int main(int argc, char** argv) {
   if (!pick_collective(argc, argv)) return 2;
   const std::string algo = bench::take_flag(argc, argv, "-a");
   const std::string root_flag = bench::take_flag(argc, argv, "-r");
-  if (!algo.empty()) ::setenv("CCLITE_ALGO", (std::string(to_string(kind)) + ":" + algo).c_str(), 1);
+  // sendrecv_perf -a group: the ring shift as group_start(), send, recv,
+  // group_end(), as nccl-tests' sendrecv_perf issues it (ncclGroupStart ..).
+  const bool grouped = kind == collective_kind::sendrecv && algo == "group";
+  if (!algo.empty() && !grouped) ::setenv("CCLITE_ALGO", (std::string(to_string(kind)) + ":" + algo).c_str(), 1);
   const std::string prog = std::string(to_string(kind)) + "_perf";
   auto args = parse_perf_args(argc, argv, prog.c_str());
   if (!args) {
-    std::fprintf(stderr, "%s [-a ALGO (CCLITE_ALGO for this collective)] [-r ROOT]\n",
+    std::fprintf(stderr, "%s [-a ALGO (CCLITE_ALGO for this collective; sendrecv: -a group)] [-r ROOT]\n",
                  args.error().message().c_str());
     return 2;
   }
@@ -130,7 +134,12 @@ int main(int argc, char** argv) {
       case collective_kind::alltoall: return c.alltoall(sb, rb, s.count, a.type);
       case collective_kind::broadcast: return c.broadcast(rb, s.count, a.type, root);
       case collective_kind::reduce: return c.reduce(sb, rb, s.count, a.type, a.op, root);
-      default: return c.sendrecv(sb, s.count, (me + 1) % n, rb, s.count, (me + n - 1) % n, a.type);
+      default:
+        if (!grouped) return c.sendrecv(sb, s.count, (me + 1) % n, rb, s.count, (me + n - 1) % n, a.type);
+        c.group_start();
+        CCLITE_TRY(c.send(sb, s.count, a.type, (me + 1) % n));
+        CCLITE_TRY(c.recv(rb, s.count, a.type, (me + n - 1) % n));
+        return c.group_end();
     }
   };
   auto fill = [&](auto tag, const shape& s) {
