@@ -1,7 +1,8 @@
 // cclite/collective/comm_algorithms.hpp - running each algorithm over a communicator's links.
 //
-// The layer between comm_core (ranks, topology, links; collective/comm_core.hpp)
-// and communicator (collective/communicator.hpp): each run_* takes a
+// The layer between comm_checks (ranks, topology, links, cross-rank checks;
+// collective/comm_core.hpp, comm_checks.hpp) and communicator
+// (collective/communicator.hpp): each run_* takes a
 // collective's buffers, connects the links its schedule needs (ensure_links,
 // in a deadlock-free pair order) and runs the type-free schedule of
 // algorithm/ over primitives on those links. Scratch buffers belong to the
@@ -17,15 +18,15 @@
 #include <cclite/algorithm/recursive_doubling.hpp>
 #include <cclite/algorithm/ring_gather.hpp>
 #include <cclite/algorithm/tree.hpp>
-#include <cclite/collective/comm_core.hpp>
+#include <cclite/collective/comm_checks.hpp>
 #include <cclite/transport/any_link.hpp>
 
 namespace cclite::detail {
 
 template <class... Transports>
-class comm_algorithms : public comm_core<Transports...> {
+class comm_algorithms : public comm_checks<Transports...> {
  protected:
-  using base = comm_core<Transports...>;
+  using base = comm_checks<Transports...>;
   using base::base;
   using base::rank_; using base::size_; using base::topo_; using base::chunk_bytes_; using base::scratch_;
   using base::scratch_len_; using base::scratch_off_; using base::scratch_peers_;

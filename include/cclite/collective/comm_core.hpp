@@ -2,8 +2,8 @@
 // topology, transports and links, and the set-up that builds them.
 //
 // Private base of communicator<...> (collective/communicator.hpp, the public
-// API), through comm_algorithms (collective/comm_algorithms.hpp: the
-// algorithm runners). Set-up: join a generation of the store, exchange peer_info, build the
+// API), through comm_checks (collective/comm_checks.hpp: the cross-rank
+// checks and failure spreading) and comm_algorithms (the algorithm runners). Set-up: join a generation of the store, exchange peer_info, build the
 // topology, choose a transport per peer, connect the ring neighbours. Other
 // links are connected on first use, always in (min, max) pair order so that
 // the blocking pairwise handshakes cannot deadlock.
@@ -395,173 +395,7 @@ CCLITE_SETUP_CODE_END
     });
   }
 
-  // ---- cross-rank checks and failure spreading -----------------------------------
-
-  // Starts the header exchange of collective `h` (mismatch.hpp): our header
-  // goes to the ring successor now, whatever the algorithm.
-  status begin_checks(const call_header& h, deadline until) {
-    hdr_.out = hdr_.expect = h;
-    hdr_.active = true;
-    hdr_.knows_culprit = false;
-    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
-    return with_links(prev, next, 1, nullptr, until, [&](auto& pr) { return pr.send_header(); });
-  }
-
-  // Ends it: the ring predecessor's header must have come (an algorithm that
-  // never read from it, e.g. the root of a broadcast, checks it here), and
-  // whatever we queued on the ring successor is flushed.
-  status end_checks(deadline until) {
-    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
-    status st = with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
-      CCLITE_TRY(pr.check_prev());
-      return pr.finish();
-    });
-    hdr_.active = false;
-    return st;
-  }
-
-  // Before a collective runs other communicators' calls over the same links
-  // (the hierarchical algorithm's children): reads the ring predecessor's
-  // header now, so it is not left in the stream ahead of the children's data.
-  status settle_checks(deadline until) {
-    if (!hdr_.active || size_ < 2) return {};
-    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
-    return with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
-      CCLITE_TRY(pr.check_prev());
-      return pr.finish();
-    });
-  }
-
-  // Before a set-up that waits for every rank through the store (shm-direct's
-  // first use): makes sure every rank is in this same call. Check the ring
-  // predecessor's header, then pass a token around the ring n-1 times; a rank
-  // that found a mismatch passes none and closes its links, so no rank waits
-  // out its deadline for store keys of a rank that called something else.
-  status agree_on_call(deadline until) {
-    if (!hdr_.active || size_ < 2) return {};
-    const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
-    return with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
-      CCLITE_TRY(pr.check_prev());
-      std::uint8_t token[max_dtype_size] = {};
-      for (int lap = 0; lap < size_ - 1; ++lap) {
-        CCLITE_TRY(pr.send(token, sizeof token));
-        CCLITE_TRY(pr.recv(token, sizeof token));
-      }
-      return pr.finish();
-    });
-  }
-
-CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
-  // After a timeout: if the ring predecessor's header has not arrived, that
-  // rank never entered this collective, the most useful thing to report. If
-  // it has arrived, check it (a mismatch explains the hang too). Never blocks.
-  status explain_timeout(status st) {
-    if (!hdr_.active || size_ < 2) return st;
-    const int prev = topo_.ring_prev(rank_);
-    if (hdr_seen_[static_cast<std::size_t>(prev)] == hdr_.expect.seq) return st;
-    const std::string who = peers_[static_cast<std::size_t>(prev)].describe();
-    const char* kind = to_string(static_cast<collective_kind>(hdr_.expect.kind));
-    return std::visit([&](auto& l) -> status {
-      if constexpr (std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) {
-        return st;
-      } else {
-        (void)l.poll();
-        const_bytes b = l.recv_peek();
-        if (b.size >= call_header::wire_bytes) {
-          const call_header theirs = call_header::decode(b.data);
-          if (theirs != hdr_.expect) return mismatch_error(hdr_.expect, rank_, theirs, prev);
-          return st;  // it is in this collective, stuck on something else
-        }
-        if (b.size != 0) return st;  // a header split by the ring's wrap: say nothing more
-        hdr_.knows_culprit = true;
-        return make_error(errc::timeout, "%s did not call %s #%llu (its call header never came; it is "
-                          "still alive but busy elsewhere or waiting in another call): %s", who.c_str(), kind,
-                          static_cast<unsigned long long>(hdr_.expect.seq), st.message().c_str());
-      }
-    }, link_at(prev));
-  }
-
-  // What the link to `peer` says without blocking: ok, or why it is unusable
-  // (closed by the peer, corrupt).
-  status link_status(int peer) {
-    return std::visit([&](auto& l) -> status {
-      if constexpr (std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) return {};
-      else return l.poll();
-    }, link_at(peer));
-  }
-
-  // A call that skipped the links (shm-direct's small allreduce, header
-  // `mine`) while `peer` sent something down its link: the peer called
-  // something else. A link the peer closed is its error (it failed and
-  // recorded why: the caller's error path reports that). Never blocks; ok
-  // while the link is empty.
-  status stray_on_link(int peer, const call_header& mine) {
-    return std::visit([&](auto& l) -> status {
-      if constexpr (std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) {
-        return {};
-      } else {
-        CCLITE_TRY(l.poll());
-        const_bytes b = l.recv_peek();
-        if (b.size == 0) return {};
-        call_header theirs;
-        if (b.size >= call_header::wire_bytes) theirs = call_header::decode(b.data);
-        else theirs.magic = 0;  // not a whole header: "something else"
-        status m = mismatch_error(mine, rank_, theirs, peer);
-        if (theirs != mine) return m;
-        return status(errc::mismatch, m.message() + " (the same call, but it took the links where this rank took "
-                      "shm-direct's small path: CCLITE_ALGO and CCLITE_SHM_SMALL_MAX must agree on every rank)");
-      }
-    }, link_at(peer));
-  }
-
-  // A fatal error on this rank (`st`, already prefixed with `call`): makes
-  // every rank report the job's first failure rather than its own echo of it.
-  // The first rank to fail records its error in the store; later ones (ranks
-  // whose link to a failed rank broke, after that rank recorded) report the
-  // record. Then every link is closed, so ranks blocked on this one wake up at
-  // once (peer_lost) and read the record too, instead of waiting for their
-  // deadline. Store calls are bounded; if the store is gone, `st` stands.
-  status spread_failure(status st, const std::string& call) {
-    if (fault_spread_) return st;
-    fault_spread_ = true;
-    const bool weak = st.code() == errc::timeout && !hdr_.knows_culprit;
-    std::string rec;
-    // A plain timeout blames whatever this rank waited on, often a victim of
-    // the real culprit: give a rank that knows better a moment to record it.
-    auto found = kv_->get("fault", deadline::after(milliseconds(weak ? 2000 : 0)));
-    if (found) {
-      rec = found.value();
-    } else {
-      auto n = kv_->add("fault/n", 1);
-      if (n && n.value() == 1) {
-        errc c = st.code() == errc::aborted ? errc::peer_lost : st.code();
-        std::string msg = st.code() == errc::aborted
-                              ? peers_[static_cast<std::size_t>(rank_)].describe() + " aborted its communicator: " +
-                                    st.message()
-                              : st.message();
-        (void)kv_->set("fault", std::to_string(static_cast<int>(c)) + "\n" + msg);
-      } else if (n) {
-        auto got = kv_->get("fault", deadline::after(milliseconds(5000)));
-        if (got) rec = got.value();
-      }
-    }
-    close_links();
-    pool_->fail(st);  // the parent and siblings sharing these links report it
-    if (rec.empty()) return st;
-    const auto nl = rec.find('\n');
-    const int code = std::atoi(rec.c_str());
-    if (nl == std::string::npos || code <= 0 || code > static_cast<int>(errc::resource_exhausted)) return st;
-    if (st.code() == errc::aborted) return st;  // our own abort() stays "aborted" here
-    return status(static_cast<errc>(code), call + ": the job's first failure: " + rec.substr(nl + 1));
-  }
-
-  // Closes this communicator's links (its members' entries of the pool) and
-  // marks the family failed, so the parent and siblings report this failure.
-  void close_links() {
-    for (int r = 0; r < size_; ++r)
-      if (r != rank_) link_at(r) = link{};
-  }
-
+CCLITE_SETUP_CODE_BEGIN
   static std::string join(const std::vector<std::string>& v) {
     std::string s;
     for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
@@ -589,7 +423,7 @@ CCLITE_SETUP_CODE_END
   std::vector<std::uint8_t> scratch_;
   algorithm_selector select_;
   // Mismatch check (mismatch.hpp), on unless CCLITE_CHECK_MISMATCH=0.
-  bool check_mismatch_ = true, fault_spread_ = false;
+  bool check_mismatch_ = true;
   header_state hdr_;
   std::vector<std::uint64_t> hdr_sent_, hdr_seen_;
   std::uint64_t coll_seq_ = 0;
