@@ -14,7 +14,7 @@
 // aborted / protocol_error make it unusable: later calls return the same error
 // at once, and the application should destroy it and build a new one. Such an
 // error is spread to the other ranks, which report the job's first failure
-// (README "Failure behaviour"; comm_core::spread_failure).
+// (README "Failure behaviour"; comm_checks::spread_failure).
 //
 // Thread safety: calls may come from any thread; they run one at a time in
 // issue order (see work_queue.hpp). abort() may be called from any thread.

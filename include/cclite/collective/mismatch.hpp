@@ -8,7 +8,7 @@
 // rank checks its ring predecessor: if any two ranks disagree, some adjacent
 // pair does and at least one rank sees it. That rank returns errc::mismatch
 // naming both sides and the communicator spreads it to the others
-// (comm_core::spread_failure). Data from a peer that called something else is
+// (comm_checks::spread_failure). Data from a peer that called something else is
 // never interpreted, so nothing is silently wrong.
 //
 // Cost: 32 bytes per link and collective, no extra round trip (the header
@@ -247,7 +247,7 @@ status check_header(Prims& p, header_state& h, int self, int prev) {
 /// before its first byte to `next`, and check `prev`'s header before the first
 /// byte they consume from it, once per collective and direction. Forwards
 /// every verb of primitives<P, N> (algorithm/primitives.hpp). The ring
-/// neighbours exchange headers in every collective (comm_core::begin_checks /
+/// neighbours exchange headers in every collective (comm_checks::begin_checks /
 /// end_checks), whatever the algorithm, so at least one rank of any
 /// disagreeing pair sees it.
 template <class Prims>
