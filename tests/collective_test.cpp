@@ -273,6 +273,9 @@ int p2p_groups(default_communicator& c, store&) {
   MP_REQUIRE_OK(c.recv(&got, 1, dtype::int32, prev));
   MP_REQUIRE_OK(c.group_end());
   MP_CHECK(got == 1);
+  c.group_start();
+  MP_REQUIRE_OK(c.send(&one, 1, dtype::int32, r));  // to itself, with no receive from itself
+  MP_CHECK(c.group_end().code() == errc::invalid_argument);
   MP_REQUIRE_OK(c.allreduce(&one, 1));
   MP_CHECK(one == n);
   return wrong ? 1 : 0;

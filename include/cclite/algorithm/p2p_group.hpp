@@ -62,8 +62,8 @@ inline status copy_to_self(const p2p_transfer* t, std::size_t n, int self) {
     while (r < n && !(t[r].peer == self && !t[r].is_send)) ++r;
     if (s == n && r == n) return {};
     if (s == n || r == n)
-      return make_error(errc::invalid_argument, "group: a %s itself has no matching %s itself", s < n ? "send to" : "receive from",
-                        s < n ? "receive from" : "send to");
+      return make_error(errc::invalid_argument, "group: a %s itself has no matching %s itself",
+                        s < n ? "send to" : "receive from", s < n ? "receive from" : "send to");
     if (t[s].bytes != t[r].bytes)
       return make_error(errc::invalid_argument, "group: a send of %zu bytes to itself meets a receive of %zu bytes",
                         t[s].bytes, t[r].bytes);
@@ -98,8 +98,12 @@ status run_p2p_group(const p2p_transfer* t, std::size_t n, int self, LinkOf&& li
     if (s.wire) ++left;
     steps.push_back(s);
   }
+  // Pending, and the transfer before it on the same link and direction is through.
   auto ready = [&](const detail::group_step& s) {
-    return s.done < s.wire && (s.after < 0 || steps[static_cast<std::size_t>(s.after)].done == steps[static_cast<std::size_t>(s.after)].wire);
+    if (s.done == s.wire) return false;
+    if (s.after < 0) return true;
+    const detail::group_step& before = steps[static_cast<std::size_t>(s.after)];
+    return before.done == before.wire;
   };
   int idle = 0;
   std::size_t turn = 0;
@@ -160,12 +164,15 @@ status run_p2p_group(const p2p_transfer* t, std::size_t n, int self, LinkOf&& li
     ++turn;
     if (!w) continue;  // cannot happen: a pending chain always has a ready head
     const wait_for dir = w->t->is_send ? wait_for::send : wait_for::recv;
-    status st = link_of(w->t->peer).wait(dir, deadline::slice_of(until, milliseconds(2)));
+    // A wait that keeps answering early cannot outlast the deadline either.
+    status st = until.expired() ? status(errc::timeout, std::string())
+                                : link_of(w->t->peer).wait(dir, deadline::slice_of(until, milliseconds(2)));
     if (st.ok()) continue;
     if (st.code() == errc::timeout && !until.expired()) continue;  // only the slice ended
     const double secs = std::chrono::duration<double>(clock::now() - start).count();
-    std::string what = std::string(w->t->is_send ? "sending to rank " : "receiving from rank ") + std::to_string(w->t->peer) +
-                       " (" + std::to_string(w->done) + " of " + std::to_string(w->wire) + " bytes moved)";
+    std::string what = std::string(w->t->is_send ? "sending to rank " : "receiving from rank ") +
+                       std::to_string(w->t->peer) + " (" + std::to_string(w->done) + " of " +
+                       std::to_string(w->wire) + " bytes moved)";
     if (st.code() == errc::timeout)
       return make_error(errc::timeout, "group: deadline reached after %.1f s, still %s; did rank %d issue the "
                         "matching %s?", secs, what.c_str(), w->t->peer, w->t->is_send ? "receive" : "send");

@@ -255,7 +255,9 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
 
   /// Returns once every rank called barrier().
   status barrier() { return run(rooted<collective_kind::barrier>(nullptr, nullptr, 0, dtype::uint8, reduce_op::sum, 0)); }
-  work barrier_async() { return submit(rooted<collective_kind::barrier>(nullptr, nullptr, 0, dtype::uint8, reduce_op::sum, 0)); }
+  work barrier_async() {
+    return submit(rooted<collective_kind::barrier>(nullptr, nullptr, 0, dtype::uint8, reduce_op::sum, 0));
+  }
 
   // ---- groups of point-to-point calls ---------------------------------------------
   //
