@@ -309,6 +309,29 @@ TEST_CASE("group: a send nobody receives ends at the deadline, naming the peer")
   }
 }
 
+TEST_CASE("a rank may exit right after sending on a link it just connected: the data still arrives") {
+  // Ranks 0 and 2 of 4 are not ring neighbours: their shm link is made by the
+  // first call between them. Rank 0 waits in the handshake first (the store's
+  // polling backs off to 50 ms), rank 2 joins, sends 8 bytes into the new FIFO
+  // and exits at once, typically before rank 0 polls again: the link rank 0
+  // gets must still deliver them (the handshake completed; the segment holds
+  // the data), as a TCP socket delivers what was sent before the peer closed.
+  for (int round = 0; round < 3; ++round) {
+    run(4, net::shm_only, [](default_communicator& c, store&) {
+      std::int64_t v = -1;
+      if (c.rank() == 0) {
+        MP_REQUIRE_OK(c.recv(&v, 1, dtype::int64, 2));
+        MP_CHECK(v == 4242);
+      } else if (c.rank() == 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        v = 4242;
+        MP_REQUIRE_OK(c.send(&v, 1, dtype::int64, 0));
+      }
+      return 0;
+    });
+  }
+}
+
 TEST_CASE("argument errors are reported and leave the communicator usable") {
   run(2, net::shm_only, [](default_communicator& c, store&) {
     MP_CHECK(c.allreduce(nullptr, nullptr, 4, dtype::float32, reduce_op::sum).code() == errc::invalid_argument);

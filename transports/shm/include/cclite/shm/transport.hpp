@@ -263,12 +263,12 @@ class transport {
     return make_link(std::move(seg.value()), 1, pi, watch_pid);
   }
 
+  // No liveness check here: once the handshake completed, a peer that has
+  // already exited may have left data in the segment for us (it sent and
+  // left, as the last call of a job does). The link reports the peer's exit
+  // when a wait finds nothing more to read (link.hpp), as a TCP socket
+  // delivers what was sent before the peer closed.
   result<link> make_link(segment seg, int side, const peer_info& pi, int watch_pid) {
-    if (!detail::process_alive(watch_pid)) {
-      return make_error(errc::peer_lost,
-                        "%s is gone (shm peer exited or was killed during connect)",
-                        pi.describe().c_str());
-    }
     link::parts p;
     p.seg = std::move(seg);
     p.side = side;
@@ -301,6 +301,9 @@ class transport {
                           pi.describe().c_str());
       }
       if (!detail::process_alive(watch_pid)) {
+        // It may have answered just before it exited: one last look.
+        auto last = ctx_.kv->get(key, deadline::after(milliseconds(0)));
+        if (last) return last;
         for (std::size_t i = 0; i < ncleanup; ++i) (void)segment::unlink_name(cleanup[i]);
         return make_error(errc::peer_lost, "%s is gone (exited or was killed during shm connect)",
                           pi.describe().c_str());
