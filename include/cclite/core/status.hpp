@@ -172,7 +172,10 @@ namespace detail {
 /// The value is kept in a union rather than a std::optional<T>: a program
 /// instantiates result<T> for ~60 types, and optional's layers of payload
 /// classes were ~10 % of the functions the compiler had to build for a TU
-/// that calls init() (bench/footprint.sh).
+/// that calls init() (bench/footprint.sh). Its functions are compiled for
+/// size (config.hpp): results carry set-up's values (stores, links, options),
+/// while collectives return a plain status.
+CCLITE_SETUP_CODE_BEGIN
 template <class T>
 class [[nodiscard]] result {
  public:
@@ -237,6 +240,7 @@ class [[nodiscard]] result {
   status status_;
   bool has_ = false;
 };
+CCLITE_SETUP_CODE_END
 
 /// Throws/aborts if `s` is an error; for callers who want exception semantics.
 inline void check(const status& s) {
