@@ -90,6 +90,95 @@ TEST_CASE("mismatched counts dtypes ops collectives and roots give mismatch on e
   }
 }
 
+namespace {
+// Point to point: a receive must meet a send of its size (p2p_envelope.hpp).
+// Every rank runs `call`; rank `receiver` must fail it with errc::mismatch
+// naming both sides, and every rank's next call must fail with mismatch too
+// (the link is out of step): the leftover or missing bytes are never taken as
+// the next call's data.
+void expect_p2p_mismatch(int size, net n, const char* what, int receiver,
+                         const std::function<status(default_communicator&)>& call,
+                         const std::vector<std::string>& names) {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      size,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        status st = call(*c);
+        if (rank == receiver) {
+          if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what, st.to_string().c_str());
+          MP_CHECK(st.code() == errc::mismatch);
+          for (const auto& name : names) MP_CHECK(contains(st, name));
+        }
+        status next = c->barrier();
+        if (next.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): next call %s\n", rank, what, next.to_string().c_str());
+        MP_CHECK(next.code() == errc::mismatch);
+        for (const auto& name : names) MP_CHECK(contains(next, name));
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(n, rank, size);
+        ::setenv("CCLITE_TIMEOUT", "30", 1);  // a mismatch must be seen well before this
+      });
+  INFO(what, ", ", size, " ranks over ", test::to_string(n), ": ", r.describe());
+  CHECK(r.all_ok());
+}
+}  // namespace
+
+TEST_CASE("point to point: a receive that meets a send of another size gives mismatch, never stray bytes") {
+  // 4 ranks, rank 0 sending to rank 2: not ring neighbours, so the link is
+  // made by the call; ranks 1 and 3 learn of the failure in their barrier.
+  for (net n : {net::shm_only, net::tcp_only}) {
+    expect_p2p_mismatch(4, n, "recv smaller", 2, [](default_communicator& c) -> status {
+      std::vector<float> v(100, 1.0f);
+      if (c.rank() == 0) return c.send(v.data(), 100, dtype::float32, 2);
+      if (c.rank() == 2) return c.recv(v.data(), 50, dtype::float32, 0);
+      return {};
+    }, {"rank 0 sent 100 x float (400 bytes) where this rank receives 50 x float (200 bytes)"});
+    expect_p2p_mismatch(4, n, "recv larger", 2, [](default_communicator& c) -> status {
+      std::vector<std::int32_t> v(64, 1);
+      if (c.rank() == 0) return c.send(v.data(), 50, dtype::int32, 2);
+      if (c.rank() == 2) return c.recv(v.data(), 64, dtype::int32, 0);
+      return {};
+    }, {"rank 0 sent 50 x int32 (200 bytes) where this rank receives 64 x int32 (256 bytes)"});
+    // Past the link buffer (4 MiB): the envelopes travel first, both ways at once.
+    expect_p2p_mismatch(4, n, "sendrecv past the buffer", 2, [](default_communicator& c) -> status {
+      if (c.rank() != 0 && c.rank() != 2) return {};
+      const std::size_t count = 3u << 20;
+      std::vector<float> out(count, 1.0f), in(count, 0.0f);
+      const int peer = 2 - c.rank();
+      return c.sendrecv(out.data(), count, peer, in.data(), c.rank() == 2 ? count - 1 : count, peer, dtype::float32);
+    }, {"rank 0 sent 3145728 x float", "receives 3145727 x float"});
+    // A grouped send meets a lone receive: the same envelope.
+    expect_p2p_mismatch(4, n, "group", 2, [](default_communicator& c) -> status {
+      std::vector<double> v(16, 1.0);
+      if (c.rank() == 0) {
+        c.group_start();
+        CCLITE_TRY(c.send(v.data(), 10, dtype::float64, 2));
+        return c.group_end();
+      }
+      if (c.rank() == 2) return c.recv(v.data(), 11, dtype::float64, 0);
+      return {};
+    }, {"rank 0 sent 10 x double (80 bytes) where this rank receives 11 x double (88 bytes)"});
+    expect_p2p_mismatch(4, n, "grouped recv", 2, [](default_communicator& c) -> status {
+      std::vector<double> v(16, 1.0);
+      if (c.rank() == 0) return c.send(v.data(), 12, dtype::float64, 2);
+      if (c.rank() == 2) {
+        c.group_start();
+        CCLITE_TRY(c.recv(v.data(), 11, dtype::float64, 0));
+        return c.group_end();
+      }
+      return {};
+    }, {"group: rank 0 sent 12 x double (96 bytes) where this rank receives 11 x double (88 bytes)"});
+    // A receive that meets a collective: the peer issued its calls in another order.
+    expect_p2p_mismatch(2, n, "recv against allreduce", 0, [](default_communicator& c) -> status {
+      std::vector<float> v(1024, 1.0f);
+      return c.rank() == 0 ? c.recv(v.data(), v.size(), dtype::float32, 1) : c.allreduce(v.data(), v.size());
+    }, {"rank 1 is in a collective"});
+  }
+}
+
 TEST_CASE("shm-direct's small allreduce: mismatches are seen at once once the node-wide group exists") {
   // After the first small allreduce, small ones skip the links: the call
   // header rides in the group's slots, and a rank that took the links instead
@@ -226,7 +315,7 @@ TEST_CASE("shm-direct's small allreduce: results, barriers, check off, and a ran
   CHECK(r.all_ok());
 }
 
-TEST_CASE("per-rank counts of allgatherv are not a mismatch and the check can be turned off") {
+TEST_CASE("per-rank counts of allgatherv are not a mismatch and the check can be turned off (collectives and point to point)") {
   for (const char* check : {"1", "0"}) {
     test::temp_dir dir;
     auto r = test::run_ranks(
@@ -241,6 +330,18 @@ TEST_CASE("per-rank counts of allgatherv are not a mismatch and the check can be
           int x = 1;
           MP_REQUIRE_OK(c->allreduce(&x, 1));
           MP_CHECK(x == 3);
+          // Point to point without envelopes when off: a ring shift, lone and grouped.
+          const int next = (rank + 1) % sz, prev = (rank + sz - 1) % sz;
+          std::vector<int> out(1000, rank), in(1000, -1);
+          MP_REQUIRE_OK(c->sendrecv(out.data(), out.size(), next, in.data(), in.size(), prev, dtype::int32));
+          MP_CHECK(in[0] == prev && in[999] == prev);
+          c->group_start();
+          MP_REQUIRE_OK(c->send(out.data(), 7, dtype::int32, next));
+          MP_REQUIRE_OK(c->recv(in.data() + 500, 7, dtype::int32, prev));
+          MP_REQUIRE_OK(c->group_end());
+          MP_CHECK(in[500] == prev && in[506] == prev);
+          MP_REQUIRE_OK(c->allreduce(&x, 1));  // the links are still in step
+          MP_CHECK(x == 9);
           return 0;
         },
         std::chrono::seconds(60), [&](int rank) {

@@ -11,9 +11,12 @@
 // the same calls issued one by one would wait on each other once a message
 // exceeds the link buffer.
 //
-// On the wire each transfer is what a lone send / recv puts there: its bytes,
-// then zeros up to a multiple of max_dtype_size (the stream alignment rule of
-// transport/concept.hpp), so a grouped send matches a lone recv and back.
+// On the wire each transfer is what a lone send / recv puts there: its
+// envelope (p2p_envelope.hpp, unless checking is off), its bytes, then zeros
+// up to a multiple of max_dtype_size (the stream alignment rule of
+// transport/concept.hpp), so a grouped send matches a lone recv and back. A
+// receive checks the envelope before it takes any data: a size mismatch is
+// errc::mismatch, not bytes left in the link for the next call.
 // A send to this rank itself is a copy into the matching receive from itself
 // (the i-th send to self meets the i-th receive from self).
 #pragma once
@@ -29,19 +32,21 @@
 #include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/algorithm/p2p_envelope.hpp>
 #include <cclite/transport/concept.hpp>
 
 namespace cclite {
 
 /// One send or receive of a group of point-to-point calls
 /// (communicator::group_start()): `bytes` of `send` go to `peer`, or `bytes`
-/// from `peer` land in `recv`.
+/// from `peer` land in `recv`; `type` is the call's dtype (for the envelope).
 struct p2p_transfer {
   int peer = 0;
   bool is_send = false;
   const std::uint8_t* send = nullptr;
   std::uint8_t* recv = nullptr;
   std::size_t bytes = 0;
+  dtype type = dtype::uint8;
 };
 
 namespace detail {
@@ -49,10 +54,32 @@ namespace detail {
 /// a steady stream of groups does not allocate).
 struct group_step {
   const p2p_transfer* t = nullptr;
-  std::size_t wire = 0;  ///< bytes on the link: t->bytes padded to max_dtype_size
+  std::size_t head = 0;  ///< envelope bytes ahead of the data: 0 or p2p_envelope::wire_bytes
+  std::size_t wire = 0;  ///< bytes on the link: head + t->bytes padded to max_dtype_size
   std::size_t done = 0;
   std::ptrdiff_t after = -1;  ///< the step before it on the same link and direction, -1: none
+  std::uint8_t env[p2p_envelope::wire_bytes];  ///< the envelope sent, or as received so far
 };
+
+// A step's wire bytes [off, off + n) are its envelope (head bytes), its data,
+// then padding. wire_out() writes them into a link's send buffer `b`;
+// wire_in() takes them from its receive buffer `b` (padding is dropped).
+inline void wire_out(const group_step& s, std::uint8_t* b, std::size_t off, std::size_t n) {
+  const std::size_t data_end = s.head + s.t->bytes;
+  for (std::size_t k; n; b += k, off += k, n -= k) {
+    if (off < s.head) std::memcpy(b, s.env + off, k = std::min(n, s.head - off));
+    else if (off < data_end) std::memcpy(b, s.t->send + (off - s.head), k = std::min(n, data_end - off));
+    else std::memset(b, 0, k = n);
+  }
+}
+inline void wire_in(group_step& s, const std::uint8_t* b, std::size_t off, std::size_t n) {
+  const std::size_t data_end = s.head + s.t->bytes;
+  for (std::size_t k; n; b += k, off += k, n -= k) {
+    if (off < s.head) std::memcpy(s.env + off, b, k = std::min(n, s.head - off));
+    else if (off < data_end) std::memcpy(s.t->recv + (off - s.head), b, k = std::min(n, data_end - off));
+    else k = n;
+  }
+}
 
 /// Copies the self-transfers (send to self -> receive from self, in order).
 inline status copy_to_self(const p2p_transfer* t, std::size_t n, int self) {
@@ -76,11 +103,14 @@ inline status copy_to_self(const p2p_transfer* t, std::size_t n, int self) {
 
 /// Runs the `n` transfers of `t` (this rank is `self`); `link_of(peer)`
 /// returns a link (transport/concept.hpp) to that peer, already connected.
-/// Returns once every byte has moved and the links are flushed, or with the
-/// first error of a link a pending transfer needs, or errc::timeout at `until`.
+/// `envelopes`: each transfer carries one (p2p_envelope.hpp; off only when
+/// every rank turned mismatch checking off). Returns once every byte has
+/// moved and the links are flushed, or with the first error of a link a
+/// pending transfer needs, errc::mismatch when an envelope disagrees with its
+/// receive, or errc::timeout at `until`.
 template <class LinkOf>
 status run_p2p_group(const p2p_transfer* t, std::size_t n, int self, LinkOf&& link_of, deadline until,
-                     std::vector<detail::group_step>& steps, std::size_t piece = 64 << 10) {
+                     std::vector<detail::group_step>& steps, bool envelopes = true, std::size_t piece = 64 << 10) {
   CCLITE_TRY(detail::copy_to_self(t, n, self));
   steps.clear();
   std::size_t left = 0;
@@ -88,7 +118,9 @@ status run_p2p_group(const p2p_transfer* t, std::size_t n, int self, LinkOf&& li
     if (t[i].peer == self) continue;
     detail::group_step s;
     s.t = &t[i];
-    s.wire = align_up(t[i].bytes, max_dtype_size);
+    s.head = envelopes ? detail::p2p_envelope::wire_bytes : 0;
+    s.wire = s.head + align_up(t[i].bytes, max_dtype_size);
+    if (envelopes && t[i].is_send) detail::p2p_envelope::encode(s.env, t[i].type, t[i].bytes / size_of(t[i].type));
     for (std::size_t j = steps.size(); j-- > 0;) {  // groups are small: a backward scan
       if (steps[j].t->peer == t[i].peer && steps[j].t->is_send == t[i].is_send) {
         s.after = static_cast<std::ptrdiff_t>(j);
@@ -114,23 +146,28 @@ status run_p2p_group(const p2p_transfer* t, std::size_t n, int self, LinkOf&& li
       if (!ready(s)) continue;
       auto l = link_of(s.t->peer);
       const std::size_t want = std::min(s.wire - s.done, piece);
-      const std::size_t data_left = s.done < s.t->bytes ? s.t->bytes - s.done : 0;
       std::size_t moved_here = 0;
       if (s.t->is_send) {
         mutable_bytes m = l.send_reserve(want);
         moved_here = std::min(m.size, want);
         if (moved_here) {
-          const std::size_t d = std::min(moved_here, data_left);
-          if (d) std::memcpy(m.data, s.t->send + s.done, d);
-          if (d < moved_here) std::memset(m.data + d, 0, moved_here - d);  // padding
+          detail::wire_out(s, m.data, s.done, moved_here);
           l.send_commit(moved_here);
         }
       } else {
         const_bytes c = l.recv_peek();
         moved_here = std::min(c.size, want);
+        // The envelope is checked as soon as it is whole, before any data is taken.
+        const std::size_t head = s.done < s.head ? std::min(moved_here, s.head - s.done) : 0;
+        if (head) {
+          detail::wire_in(s, c.data, s.done, head);
+          if (s.done + head == s.head) {
+            status st = detail::p2p_envelope::check(s.env, s.t->type, s.t->bytes / size_of(s.t->type), s.t->peer);
+            if (!st.ok()) return status(st.code(), "group: " + st.message());
+          }
+        }
         if (moved_here) {
-          const std::size_t d = std::min(moved_here, data_left);
-          if (d) std::memcpy(s.t->recv + s.done, c.data, d);
+          detail::wire_in(s, c.data + head, s.done + head, moved_here - head);
           l.recv_consume(moved_here);
         }
       }

@@ -228,7 +228,7 @@ class comm_algorithms : public comm_checks<Transports...> {
     CCLITE_TRY(ensure_links(peers.data(), static_cast<int>(peers.size()), until));
     using L = any_link<typename base::link>;
     return run_p2p_group(d.transfers, d.count, rank_, [&](int p) { return L(this->link_at(p)); }, until,
-                         group_steps_);
+                         group_steps_, this->check_mismatch_);
   }
 
   static std::size_t rcount_of(const op_desc& d, int r) { return d.rcounts ? d.rcounts[r] : d.count; }

@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include <cclite/algorithm/ring_allreduce.hpp>
+#include <cclite/algorithm/p2p_envelope.hpp>
 #include <cclite/algorithm/ring_broadcast.hpp>
 #include <cclite/algorithm/ring_gather.hpp>
 #include <cclite/collective/call_log.hpp>
@@ -204,11 +206,52 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       }
       int peers[2] = {dst < 0 ? src : dst, src < 0 ? dst : src};
       CCLITE_TRY(ensure_links(peers, 2, until));
-      return this->with_links(peers[1], peers[0], elem, nullptr, until, [&](auto& pr) -> status {
-        CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
-        return pr.finish();
+      return this->with_links(peers[1], peers[0], elem, nullptr, until, [&](auto& pr) {
+        return point_to_point(pr, d.type, send, sbytes, dst, recv, rbytes, src);
       });
     }
+  }
+
+  // send / recv / sendrecv over primitives `pr` (prev = src, next = dst;
+  // -1: that direction is absent). Each direction's data goes behind an
+  // envelope (p2p_envelope.hpp), checked before the first byte of data is
+  // taken, unless CCLITE_CHECK_MISMATCH=0.
+  template <class Prims>
+  status point_to_point(Prims& pr, dtype t, const std::uint8_t* send, std::size_t sbytes, int dst,
+                        std::uint8_t* recv, std::size_t rbytes, int src) {
+    if (!check_mismatch_) {
+      CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
+      return pr.finish();
+    }
+    using envelope = detail::p2p_envelope;
+    const std::size_t elem = size_of(t);
+    std::uint8_t out_env[envelope::wire_bytes], in_env[envelope::wire_bytes];
+    const std::size_t ob = dst >= 0 ? envelope::wire_bytes : 0, ib = src >= 0 ? envelope::wire_bytes : 0;
+    if (ob) envelope::encode(out_env, t, sbytes / elem);
+    if (!ib || ob + sbytes <= chunk_bytes_) {
+      // Our message fits the link buffer (or we only send): out at once, then
+      // the peer's, so a small exchange costs one trip.
+      std::uint8_t small[256];
+      if (ob && sbytes <= sizeof small - envelope::wire_bytes) {
+        // A small message leaves in one piece: the peer sees it whole at once.
+        std::memcpy(small, out_env, ob);
+        if (sbytes) std::memcpy(small + ob, send, sbytes);
+        CCLITE_TRY(pr.send(small, ob + sbytes));
+      } else {
+        CCLITE_TRY(pr.send(out_env, ob));
+        CCLITE_TRY(pr.send(send, sbytes));
+      }
+      if (ib) {
+        CCLITE_TRY(pr.recv(in_env, ib));
+        CCLITE_TRY(envelope::check(in_env, t, rbytes / elem, src));
+        CCLITE_TRY(pr.recv(recv, rbytes));
+      }
+    } else {  // both directions at once, envelopes first (no deadlock past the buffer)
+      CCLITE_TRY(pr.sendrecv(out_env, ob, in_env, ib));
+      CCLITE_TRY(envelope::check(in_env, t, rbytes / elem, src));
+      CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
+    }
+    return pr.finish();
   }
 
   std::string describe_call(const op_desc& d, std::uint64_t seq) const { return detail::describe_call(d, seq, rank_); }

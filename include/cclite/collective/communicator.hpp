@@ -222,7 +222,10 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
 
   /// Point to point: `peer` must call recv (or sendrecv) with the same count
   /// and dtype. Calls to one peer match in issue order. A send larger than the
-  /// link buffer completes only once the peer receives.
+  /// link buffer completes only once the peer receives. A receive that meets
+  /// a send of another size fails with errc::mismatch naming both sides (each
+  /// message carries a 16-byte envelope, algorithm/p2p_envelope.hpp), and the
+  /// communicator is unusable after it, as after a mismatched collective.
   ///
   /// The async forms queue behind every earlier call and run one at a time,
   /// like NCCL's ncclSend / ncclRecv outside a group, not like MPI_Isend: two
@@ -462,6 +465,7 @@ CCLITE_SETUP_CODE_END
       return make_error(errc::unsupported, "%s on device buffers cannot be grouped", to_string(d.kind));
     const std::size_t elem = size_of(d.type);
     p2p_transfer t;
+    t.type = d.type;
     if (!recv) {
       t.peer = d.root;
       t.is_send = true;
@@ -471,6 +475,7 @@ CCLITE_SETUP_CODE_END
     }
     if (!send) {
       t = p2p_transfer();
+      t.type = d.type;
       t.peer = recv ? d.root : d.peer2;
       t.recv = static_cast<std::uint8_t*>(d.recv);
       t.bytes = (recv ? d.count : d.count2) * elem;

@@ -26,8 +26,10 @@
 // on the link paths they always are. Issue point-to-point calls in the same
 // order relative to collectives on every rank, as NCCL requires.)
 //
-// Point-to-point calls (send/recv/sendrecv) carry no header: their matching is
-// the stream order, and they do not advance the collective number.
+// Point-to-point calls (send/recv/sendrecv, groups) carry no call header and
+// do not advance the collective number: they match in stream order, and each
+// message carries an envelope with its size instead (algorithm/p2p_envelope.hpp),
+// which its receive checks; CCLITE_CHECK_MISMATCH=0 turns both off.
 //
 // The header also names the communicator (a 24-bit id of its store prefix, in
 // the top bits of the sequence field): a parent and its split() children

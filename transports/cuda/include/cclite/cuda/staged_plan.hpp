@@ -41,8 +41,8 @@
 //                   into rows size..2 size-1, those -> recv (a copy per row);
 //                   in place (send == recv) with the recv counts both ways
 //   sendrecv        the send chunk -> row 0, sendrecv, row 1 -> the recv chunk;
-//                   as many chunks as the longer direction needs (the other's
-//                   parts zero-length after it ran out)
+//                   as many chunks as the longer direction needs (after the
+//                   other ran out, a send or a recv alone)
 //   send / recv     sender: send chunk -> slot, then the CPU send; receiver: the
 //                   CPU recv, then slot -> recv chunk. Chunks match in order (both
 //                   sides cut `count` alike), and the CPU send / recv rules hold:
@@ -305,8 +305,18 @@ status staged_host_call(Comm& c, collective_kind k, unsigned char* h, std::size_
   const bool is_root = c.rank() == root;
   if (counts_per_chunk(k) && !vc) return make_error(errc::invalid_argument, "%s: staged chunk without its counts", to_string(k));
   switch (k) {
-    case collective_kind::sendrecv:
-      return c.sendrecv(h, vc->counts[0], root, h + vc->per * size_of(t), vc->rcounts[0], vc->peer2, t);
+    case collective_kind::sendrecv: {
+      // A direction that ran out is left out of the chunk's call: its peer cut
+      // the same count alike, so each chunk's message meets a receive of its
+      // size (point-to-point envelopes, algorithm/p2p_envelope.hpp), and a
+      // chunk with nothing either way is no call.
+      const std::size_t out = vc->counts[0], in = vc->rcounts[0];
+      unsigned char* rbuf = h + vc->per * size_of(t);
+      if (out && in) return c.sendrecv(h, out, root, rbuf, in, vc->peer2, t);
+      if (out) return c.send(h, out, t, root);
+      if (in) return c.recv(rbuf, in, t, vc->peer2);
+      return {};
+    }
     case collective_kind::allgatherv: {
       const std::size_t me = static_cast<std::size_t>(c.rank());
       return c.allgatherv(h + vc->displs[me] * size_of(t), vc->counts[me], h, vc->counts.data(), vc->displs.data(), t);
