@@ -9,6 +9,10 @@
 // checked call on fresh inputs for #wrong; out-of-place and in-place (MPI_IN_PLACE).
 // JSON lines (-J) carry "impl":"mpi".
 //
+// -C sendrecv (or the name sendrecv_perf_mpi): sendrecv_perf's twin instead, the
+// ring shift as MPI_Sendrecv (to the next rank, from the previous; in place:
+// MPI_Sendrecv_replace), each rank checking that it got its predecessor's input.
+//
 // dtypes: those MPI has (int8 uint8 int32 uint32 int64 uint64 float double);
 // half and bfloat16 are refused (MPI has no standard 16-bit float type).
 // ops: sum prod min max; avg is MPI_SUM followed by a local divide by the rank count
@@ -85,7 +89,15 @@ int main(int argc, char** argv) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  auto args = bench::parse_perf_args(argc, argv, "allreduce_perf_mpi");
+  std::string coll = bench::take_flag(argc, argv, "-C");
+  if (std::strstr(argv[0], "sendrecv_perf_mpi")) coll = "sendrecv";
+  const bool shift = coll == "sendrecv";
+  if (!coll.empty() && !shift) {
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf_mpi: -C %s: only sendrecv (or none: allreduce)\n", coll.c_str());
+    MPI_Finalize();
+    return 2;
+  }
+  auto args = bench::parse_perf_args(argc, argv, shift ? "sendrecv_perf_mpi" : "allreduce_perf_mpi");
   if (!args) {
     if (rank == 0) std::fprintf(stderr, "%s\n", args.error().message().c_str());
     MPI_Finalize();
@@ -114,7 +126,8 @@ int main(int argc, char** argv) {
   // Buffers allocated and touched once, outside the timed loop (as allreduce_perf).
   std::vector<std::uint8_t> send(max_count * esz + 64), recv(max_count * esz + 64);
 
-  bench::perf_table table(rank == 0, a, "allreduce", size, 2.0 * (size - 1) / size, "mpi");
+  bench::perf_table table(rank == 0, a, shift ? "sendrecv" : "allreduce", size,
+                         shift ? 1.0 : 2.0 * (size - 1) / size, "mpi");
   const std::string via = describe_mpi();
   table.header(via.c_str());
   // The calls of the sweep (common/perf_sweep.hpp), on MPI.
@@ -122,12 +135,18 @@ int main(int argc, char** argv) {
     const bench::perf_args& a;
     MPI_Datatype type;
     MPI_Op op;
-    bool avg;
+    bool avg, shift;
     int rank, size;
     std::uint8_t *send, *recv;
     void* out(int in_place) const { return in_place ? send : recv; }
     void once(std::size_t count, int in_place) {
       void* rbuf = out(in_place);
+      if (shift) {
+        const int next = (rank + 1) % size, prev = (rank + size - 1) % size, n = static_cast<int>(count);
+        if (in_place) MPI_Sendrecv_replace(rbuf, n, type, next, 0, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        else MPI_Sendrecv(send, n, type, next, 0, rbuf, n, type, prev, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        return;
+      }
       MPI_Allreduce(in_place ? MPI_IN_PLACE : send, rbuf, static_cast<int>(count), type, op, MPI_COMM_WORLD);
       if (avg) bench::by_dtype(a.type, [&](auto tag) { divide<decltype(tag)>(rbuf, count, size); });
     }
@@ -143,11 +162,22 @@ int main(int argc, char** argv) {
       bench::by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(send, count, rank); });
     }
     std::uint64_t wrong(std::size_t count, int in_place) {
+      if (shift) {  // the previous rank's input
+        return bench::by_dtype(a.type, [&](auto tag) {
+          using T = decltype(tag);
+          const T* t = reinterpret_cast<const T*>(out(in_place));
+          const int prev = (rank + size - 1) % size;
+          std::uint64_t bad = 0;
+          for (std::size_t i = 0; i < count; ++i)
+            if (bench::to_double(t[i]) != bench::to_double(bench::from_double<T>(bench::input(prev, i)))) ++bad;
+          return bad;
+        });
+      }
       return bench::by_dtype(a.type, [&](auto tag) {
         return bench::count_wrong<decltype(tag)>(out(in_place), count, a.op, size);
       });
     }
-  } ops{a, type, op, avg, rank, size, send.data(), recv.data()};
+  } ops{a, type, op, avg, shift, rank, size, send.data(), recv.data()};
   const std::size_t total_wrong = bench::allreduce_sweep(a, table, ops);
   MPI_Finalize();
   return total_wrong == 0 ? 0 : 1;
