@@ -33,12 +33,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t* x = data + hello_bytes;
   std::size_t nx = size - hello_bytes;
   if (nx >= 8) {
-    std::uint32_t a = static_cast<std::uint32_t>(detail::get_le(x, 4));
-    std::uint32_t b = static_cast<std::uint32_t>(detail::get_le(x + 4, 4));
+    std::uint32_t a = static_cast<std::uint32_t>(cclite::get_le(x, 4));
+    std::uint32_t b = static_cast<std::uint32_t>(cclite::get_le(x + 4, 4));
     me = static_cast<int>(a % 1048576);
     world = me + 1 + static_cast<int>(b % 1048576);
   }
-  if (nx >= 16) job = detail::get_le(x + 8, 8);
+  if (nx >= 16) job = cclite::get_le(x + 8, 8);
   std::string why = reject_reason(h, job, me, world);
   if (why.empty()) {
     FUZZ_ASSERT(h.is_hello());

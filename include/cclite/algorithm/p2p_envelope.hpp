@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include <cclite/config.hpp>
+#include <cclite/core/bytes.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/status.hpp>
 
@@ -38,17 +39,17 @@ struct p2p_envelope {
   /// The envelope of a send of `count` elements of `t`.
   static void encode(std::uint8_t* b, dtype t, std::size_t count) {
     std::memset(b, 0, wire_bytes);
-    put(b, magic_value, 4);
+    put_le(b, magic_value, 4);
     b[4] = static_cast<std::uint8_t>(t);
-    put(b + 8, count, 8);
+    put_le(b + 8, count, 8);
   }
 
   /// Checks envelope `b` from rank `peer` against a receive of `count`
   /// elements of `t`: ok when the sizes agree, else errc::mismatch saying what
   /// each side called.
   static status check(const std::uint8_t* b, dtype t, std::size_t count, int peer) {
-    const std::uint32_t magic = static_cast<std::uint32_t>(get(b, 4));
-    const std::uint64_t their_count = get(b + 8, 8);
+    const std::uint32_t magic = static_cast<std::uint32_t>(get_le(b, 4));
+    const std::uint64_t their_count = get_le(b + 8, 8);
     if (magic == magic_value && b[4] < dtype_count &&
         their_count * size_of(static_cast<dtype>(b[4])) == count * size_of(t))
       return {};
@@ -76,15 +77,6 @@ CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
                       count * size_of(t), hint);
   }
 CCLITE_SETUP_CODE_END
-
-  static void put(std::uint8_t* b, std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(v >> (8 * i));
-  }
-  static std::uint64_t get(const std::uint8_t* b, int n) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= std::uint64_t(b[i]) << (8 * i);
-    return v;
-  }
 };
 
 }  // namespace cclite::detail

@@ -28,11 +28,11 @@
 #include <cstring>
 #include <vector>
 
+#include <cclite/algorithm/p2p_envelope.hpp>
 #include <cclite/core/bytes.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/status.hpp>
-#include <cclite/algorithm/p2p_envelope.hpp>
 #include <cclite/transport/concept.hpp>
 
 namespace cclite {

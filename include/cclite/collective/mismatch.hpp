@@ -46,6 +46,7 @@
 #include <string>
 
 #include <cclite/collective/op.hpp>
+#include <cclite/core/bytes.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/status.hpp>
 
@@ -78,25 +79,25 @@ struct call_header {
   // on different machines.
   void encode(std::uint8_t* b) const {
     std::memset(b, 0, wire_bytes);
-    put(b + 0, magic, 4);
+    put_le(b + 0, magic, 4);
     b[4] = kind;
     b[5] = type;
     b[6] = op;
-    put(b + 8, static_cast<std::uint32_t>(root), 4);
-    put(b + 12, aux, 4);
-    put(b + 16, count, 8);
-    put(b + 24, (seq & seq_mask) | (std::uint64_t(comm & 0xffffffu) << seq_bits), 8);
+    put_le(b + 8, static_cast<std::uint32_t>(root), 4);
+    put_le(b + 12, aux, 4);
+    put_le(b + 16, count, 8);
+    put_le(b + 24, (seq & seq_mask) | (std::uint64_t(comm & 0xffffffu) << seq_bits), 8);
   }
   static call_header decode(const std::uint8_t* b) {
     call_header h;
-    h.magic = static_cast<std::uint32_t>(get(b + 0, 4));
+    h.magic = static_cast<std::uint32_t>(get_le(b + 0, 4));
     h.kind = b[4];
     h.type = b[5];
     h.op = b[6];
-    h.root = static_cast<std::int32_t>(static_cast<std::uint32_t>(get(b + 8, 4)));
-    h.aux = static_cast<std::uint32_t>(get(b + 12, 4));
-    h.count = get(b + 16, 8);
-    const std::uint64_t s = get(b + 24, 8);
+    h.root = static_cast<std::int32_t>(static_cast<std::uint32_t>(get_le(b + 8, 4)));
+    h.aux = static_cast<std::uint32_t>(get_le(b + 12, 4));
+    h.count = get_le(b + 16, 8);
+    const std::uint64_t s = get_le(b + 24, 8);
     h.seq = s & seq_mask;
     h.comm = static_cast<std::uint32_t>(s >> seq_bits);
     return h;
@@ -111,16 +112,16 @@ struct call_header {
     b[0] = kind;
     b[1] = type;
     b[2] = op;
-    put(b + 4, count, 4);
-    put(b + 8, (seq & seq_mask) | (std::uint64_t(comm & 0xffffffu) << seq_bits), 8);
+    put_le(b + 4, count, 4);
+    put_le(b + 8, (seq & seq_mask) | (std::uint64_t(comm & 0xffffffu) << seq_bits), 8);
   }
   static call_header decode_compact(const std::uint8_t* b) {
     call_header h;
     h.kind = b[0];
     h.type = b[1];
     h.op = b[2];
-    h.count = get(b + 4, 4);
-    const std::uint64_t s = get(b + 8, 8);
+    h.count = get_le(b + 4, 4);
+    const std::uint64_t s = get_le(b + 8, 8);
     h.seq = s & seq_mask;
     h.comm = static_cast<std::uint32_t>(s >> seq_bits);
     return h;
@@ -156,16 +157,6 @@ CCLITE_SETUP_CODE_END
   static bool rooted(collective_kind k) {
     return k == collective_kind::broadcast || k == collective_kind::reduce || k == collective_kind::gather ||
            k == collective_kind::scatter;
-  }
-
- private:
-  static void put(std::uint8_t* b, std::uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(v >> (8 * i));
-  }
-  static std::uint64_t get(const std::uint8_t* b, int n) {
-    std::uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= std::uint64_t(b[i]) << (8 * i);
-    return v;
   }
 };
 

@@ -26,4 +26,16 @@ constexpr std::size_t align_up(std::size_t n, std::size_t a) noexcept {
   return (n + a - 1) / a * a;
 }
 
+/// The low `n` bytes of `v` into `p`, little-endian whatever the host: every
+/// frame cclite defines is encoded this way (config.hpp, byte order).
+inline void put_le(std::uint8_t* p, std::uint64_t v, int n) noexcept {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
+}
+/// `n` little-endian bytes at `p` as a number.
+inline std::uint64_t get_le(const std::uint8_t* p, int n) noexcept {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
 }  // namespace cclite

@@ -28,6 +28,7 @@
 #include <string>
 
 #include <cclite/config.hpp>
+#include <cclite/core/bytes.hpp>
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 namespace cclite::tcp {
@@ -62,39 +63,28 @@ inline std::uint64_t fnv1a64(const std::string& s) noexcept {
   return h;
 }
 
-namespace detail {
-inline void put_le(std::uint8_t* p, std::uint64_t v, int n) noexcept {
-  for (int i = 0; i < n; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
-}
-inline std::uint64_t get_le(const std::uint8_t* p, int n) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-}  // namespace detail
-
 inline void encode(const hello& h, std::uint8_t out[hello_bytes]) noexcept {
   std::memcpy(out, h.magic, 4);
-  detail::put_le(out + 4, h.version, 4);
-  detail::put_le(out + 8, h.job_hash, 8);
-  detail::put_le(out + 16, static_cast<std::uint32_t>(h.from_rank), 4);
-  detail::put_le(out + 20, static_cast<std::uint32_t>(h.to_rank), 4);
-  detail::put_le(out + 24, h.sock_index, 4);
-  detail::put_le(out + 28, h.nsocks, 4);
-  detail::put_le(out + 32, h.block, 4);
-  detail::put_le(out + 36, 0, 4);
+  put_le(out + 4, h.version, 4);
+  put_le(out + 8, h.job_hash, 8);
+  put_le(out + 16, static_cast<std::uint32_t>(h.from_rank), 4);
+  put_le(out + 20, static_cast<std::uint32_t>(h.to_rank), 4);
+  put_le(out + 24, h.sock_index, 4);
+  put_le(out + 28, h.nsocks, 4);
+  put_le(out + 32, h.block, 4);
+  put_le(out + 36, 0, 4);
 }
 
 inline hello decode(const std::uint8_t in[hello_bytes]) noexcept {
   hello h;
   std::memcpy(h.magic, in, 4);
-  h.version = static_cast<std::uint32_t>(detail::get_le(in + 4, 4));
-  h.job_hash = detail::get_le(in + 8, 8);
-  h.from_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get_le(in + 16, 4)));
-  h.to_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(detail::get_le(in + 20, 4)));
-  h.sock_index = static_cast<std::uint32_t>(detail::get_le(in + 24, 4));
-  h.nsocks = static_cast<std::uint32_t>(detail::get_le(in + 28, 4));
-  h.block = static_cast<std::uint32_t>(detail::get_le(in + 32, 4));
+  h.version = static_cast<std::uint32_t>(get_le(in + 4, 4));
+  h.job_hash = get_le(in + 8, 8);
+  h.from_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(get_le(in + 16, 4)));
+  h.to_rank = static_cast<std::int32_t>(static_cast<std::uint32_t>(get_le(in + 20, 4)));
+  h.sock_index = static_cast<std::uint32_t>(get_le(in + 24, 4));
+  h.nsocks = static_cast<std::uint32_t>(get_le(in + 28, 4));
+  h.block = static_cast<std::uint32_t>(get_le(in + 32, 4));
   return h;
 }
 
