@@ -51,6 +51,17 @@ class primitives {
     });
   }
 
+  /// next <- head (hbytes), then src (bytes), as one stream: a small
+  /// message and its header reach the peer in one piece (point-to-point
+  /// envelopes, p2p_envelope.hpp).
+  status send_prefixed(const std::uint8_t* head, std::size_t hbytes, const std::uint8_t* src, std::size_t bytes) {
+    return pump(hbytes + bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
+      const std::size_t h = off < hbytes ? std::min(n, hbytes - off) : 0;
+      if (h) std::memcpy(dst, head + off, h);
+      if (n > h) pass_on(dst + h, src + (off + h - hbytes), n - h);
+    });
+  }
+
   status recv(std::uint8_t* out, std::size_t bytes) {
     return pump(bytes, true, false, [&](const std::uint8_t* in, std::uint8_t*, std::size_t n, std::size_t off) {
       keep(out + off, in, n);

@@ -229,18 +229,10 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     const std::size_t ob = dst >= 0 ? envelope::wire_bytes : 0, ib = src >= 0 ? envelope::wire_bytes : 0;
     if (ob) envelope::encode(out_env, t, sbytes / elem);
     if (!ib || ob + sbytes <= chunk_bytes_) {
-      // Our message fits the link buffer (or we only send): out at once, then
-      // the peer's, so a small exchange costs one trip.
-      std::uint8_t small[256];
-      if (ob && sbytes <= sizeof small - envelope::wire_bytes) {
-        // A small message leaves in one piece: the peer sees it whole at once.
-        std::memcpy(small, out_env, ob);
-        if (sbytes) std::memcpy(small + ob, send, sbytes);
-        CCLITE_TRY(pr.send(small, ob + sbytes));
-      } else {
-        CCLITE_TRY(pr.send(out_env, ob));
-        CCLITE_TRY(pr.send(send, sbytes));
-      }
+      // Our message fits the link buffer (or we only send): out at once,
+      // envelope and data as one stream, then the peer's, so a small exchange
+      // costs one trip.
+      CCLITE_TRY(pr.send_prefixed(out_env, ob, send, sbytes));
       if (ib) {
         CCLITE_TRY(pr.recv(in_env, ib));
         CCLITE_TRY(envelope::check(in_env, t, rbytes / elem, src));

@@ -256,6 +256,10 @@ class checked_primitives {
     CCLITE_TRY(out(bytes));
     return p_.send(src, bytes);
   }
+  status send_prefixed(const std::uint8_t* head, std::size_t hbytes, const std::uint8_t* src, std::size_t bytes) {
+    CCLITE_TRY(out(hbytes + bytes));
+    return p_.send_prefixed(head, hbytes, src, bytes);
+  }
   status recv(std::uint8_t* o, std::size_t bytes) {
     CCLITE_TRY(in(bytes));
     return p_.recv(o, bytes);
