@@ -19,9 +19,12 @@
 #include <cstring>
 #include <string>
 
+#include <cclite/config.hpp>
 #include <cclite/core/env.hpp>
 
 namespace cclite {
+
+CCLITE_SETUP_CODE_BEGIN  // logging runs at set-up or when enabled: compiled for size (config.hpp)
 
 enum class log_level : int { none = 0, warn = 1, info = 2, trace = 3 };
 
@@ -111,6 +114,7 @@ class logger {
   char prefix_[160] = {0};
   FILE* file_ = nullptr;
 };
+CCLITE_SETUP_CODE_END
 
 }  // namespace cclite
 
