@@ -34,6 +34,9 @@ namespace cclite::detail {
 struct p2p_envelope {
   static constexpr std::uint32_t magic_value = 0x32504c43;  // "CLP2" little-endian
   static constexpr std::size_t wire_bytes = 16;
+  /// What a collective's call header starts with (collective/mismatch.hpp
+  /// asserts it): a receive that meets one says the peer is in a collective.
+  static constexpr std::uint32_t call_header_magic = 0x48434c43;  // "CLCH"
   static_assert(wire_bytes % max_dtype_size == 0, "the envelope keeps the stream aligned");
 
   /// The envelope of a send of `count` elements of `t`.
@@ -60,7 +63,6 @@ struct p2p_envelope {
 CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
   [[gnu::noinline]] static status mismatch(const std::uint8_t* b, std::uint32_t magic, std::uint64_t their_count,
                                            dtype t, std::size_t count, int peer) {
-    constexpr std::uint32_t call_header_magic = 0x48434c43;  // "CLCH": collective/mismatch.hpp
     const char* hint = "; every send must meet a receive of the same size from its peer, in the same order";
     if (magic == call_header_magic)
       return make_error(errc::mismatch, "receiving %zu x %s from rank %d, but rank %d is in a collective (its call "

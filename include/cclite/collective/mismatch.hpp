@@ -45,6 +45,7 @@
 #include <cstring>
 #include <string>
 
+#include <cclite/algorithm/p2p_envelope.hpp>
 #include <cclite/collective/op.hpp>
 #include <cclite/core/bytes.hpp>
 #include <cclite/core/dtype.hpp>
@@ -159,6 +160,9 @@ CCLITE_SETUP_CODE_END
            k == collective_kind::scatter;
   }
 };
+
+static_assert(call_header::magic_value == p2p_envelope::call_header_magic,
+              "a receive names a collective's header by its magic (algorithm/p2p_envelope.hpp)");
 
 /// True for the calls that carry a header (all but point-to-point).
 inline bool has_call_header(collective_kind k) {
