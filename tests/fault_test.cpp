@@ -25,6 +25,26 @@ namespace {
 
 bool contains(const status& st, const std::string& what) { return st.message().find(what) != std::string::npos; }
 
+// Runs `body(rank, comm)` on `size` ranks over `n`, each with its own
+// communicator, with a 30 s deadline that a mismatch must beat by far.
+void run_mismatch_job(int size, net n, const char* what,
+                      const std::function<int(int rank, default_communicator&)>& body) {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      size,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz);
+        return body(rank, *c);
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(n, rank, size);
+        ::setenv("CCLITE_TIMEOUT", "30", 1);  // a mismatch must be seen well before this
+      });
+  INFO(what, ", ", size, " ranks over ", test::to_string(n), ": ", r.describe());
+  CHECK(r.all_ok());
+}
+
 // Runs `call` on `size` ranks, the last rank calling it with `odd` = true,
 // and requires errc::mismatch on every rank, now and on the next call.
 // `lenient`: rooted collectives can finish on a rank that needs nothing from
@@ -33,27 +53,16 @@ bool contains(const status& st, const std::string& what) { return st.message().f
 void expect_mismatch(int size, net n, const char* what,
                      const std::function<status(default_communicator&, bool odd)>& call, bool lenient = false,
                      const std::vector<std::string>& names = {}) {
-  test::temp_dir dir;
-  auto r = test::run_ranks(
-      size,
-      [&](int rank, int sz) {
-        auto kv = test::open_dir_store(dir.path);
-        auto c = test::make_comm(*kv, rank, sz);
-        status st = call(*c, rank == sz - 1);
-        if (lenient && st.ok()) st = c->barrier();
-        if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what, st.to_string().c_str());
-        MP_CHECK(st.code() == errc::mismatch);
-        MP_CHECK(contains(st, " called ") && contains(st, " but rank "));
-        for (const auto& name : names) MP_CHECK(contains(st, name));
-        MP_CHECK(c->barrier().code() == errc::mismatch);  // unusable now, and says why
-        return 0;
-      },
-      std::chrono::seconds(60), [&](int rank) {
-        test::set_net_env(n, rank, size);
-        ::setenv("CCLITE_TIMEOUT", "30", 1);  // a mismatch must be seen well before this
-      });
-  INFO(what, ", ", size, " ranks over ", test::to_string(n), ": ", r.describe());
-  CHECK(r.all_ok());
+  run_mismatch_job(size, n, what, [&](int rank, default_communicator& c) {
+    status st = call(c, rank == size - 1);
+    if (lenient && st.ok()) st = c.barrier();
+    if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what, st.to_string().c_str());
+    MP_CHECK(st.code() == errc::mismatch);
+    MP_CHECK(contains(st, " called ") && contains(st, " but rank "));
+    for (const auto& name : names) MP_CHECK(contains(st, name));
+    MP_CHECK(c.barrier().code() == errc::mismatch);  // unusable now, and says why
+    return 0;
+  });
 }
 
 }  // namespace
@@ -99,30 +108,19 @@ namespace {
 void expect_p2p_mismatch(int size, net n, const char* what, int receiver,
                          const std::function<status(default_communicator&)>& call,
                          const std::vector<std::string>& names) {
-  test::temp_dir dir;
-  auto r = test::run_ranks(
-      size,
-      [&](int rank, int sz) {
-        auto kv = test::open_dir_store(dir.path);
-        auto c = test::make_comm(*kv, rank, sz);
-        status st = call(*c);
-        if (rank == receiver) {
-          if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what, st.to_string().c_str());
-          MP_CHECK(st.code() == errc::mismatch);
-          for (const auto& name : names) MP_CHECK(contains(st, name));
-        }
-        status next = c->barrier();
-        if (next.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): next call %s\n", rank, what, next.to_string().c_str());
-        MP_CHECK(next.code() == errc::mismatch);
-        for (const auto& name : names) MP_CHECK(contains(next, name));
-        return 0;
-      },
-      std::chrono::seconds(60), [&](int rank) {
-        test::set_net_env(n, rank, size);
-        ::setenv("CCLITE_TIMEOUT", "30", 1);  // a mismatch must be seen well before this
-      });
-  INFO(what, ", ", size, " ranks over ", test::to_string(n), ": ", r.describe());
-  CHECK(r.all_ok());
+  run_mismatch_job(size, n, what, [&](int rank, default_communicator& c) {
+    status st = call(c);
+    if (rank == receiver) {
+      if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what, st.to_string().c_str());
+      MP_CHECK(st.code() == errc::mismatch);
+      for (const auto& name : names) MP_CHECK(contains(st, name));
+    }
+    status next = c.barrier();
+    if (next.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): next call %s\n", rank, what, next.to_string().c_str());
+    MP_CHECK(next.code() == errc::mismatch);
+    for (const auto& name : names) MP_CHECK(contains(next, name));
+    return 0;
+  });
 }
 }  // namespace
 
