@@ -89,13 +89,19 @@ int main(int argc, char** argv) {
     void barrier() { check(c.barrier()); }
     void max_over_ranks(double& v) { check(c.allreduce(&v, 1, reduce_op::max)); }
     void sum_over_ranks(std::uint64_t& v) { check(c.allreduce(&v, 1, reduce_op::sum)); }
+    // The copies go on `stream` and are waited for: a cudaMemcpy from pageable
+    // memory may return before its DMA lands, and `stream` is non-blocking, so
+    // the next call could read the previous contents (seen on an H200).
+    void copy(void* to, const void* from, std::size_t bytes, cudaMemcpyKind kind) {
+      check(cuda::cuda_status(cudaMemcpyAsync(to, from, bytes, kind, stream), "cudaMemcpyAsync"));
+      check(cuda::cuda_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+    }
     void fill(std::size_t count) {
       bench::by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(host.data(), count, c.rank()); });
-      check(cuda::cuda_status(cudaMemcpy(send, host.data(), count * size_of(a.type), cudaMemcpyHostToDevice), "cudaMemcpy"));
+      copy(send, host.data(), count * size_of(a.type), cudaMemcpyHostToDevice);
     }
     std::uint64_t wrong(std::size_t count, int in_place) {
-      check(cuda::cuda_status(cudaMemcpy(host.data(), out(in_place), count * size_of(a.type), cudaMemcpyDeviceToHost),
-                              "cudaMemcpy"));
+      copy(host.data(), out(in_place), count * size_of(a.type), cudaMemcpyDeviceToHost);
       return bench::by_dtype(a.type, [&](auto tag) {
         return bench::count_wrong<decltype(tag)>(host.data(), count, a.op, c.size());
       });

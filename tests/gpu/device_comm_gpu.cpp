@@ -145,6 +145,18 @@ int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int r
     std::size_t wrong[7][2] = {};  // [collective][stream-ordered, blocking]
     for (int form = 0; form < 2; ++form) {
       const bool blocking = form == 1;
+      // Counts the wrong elements of collective c; the first few failures get a
+      // DETAIL line (which op, where, what) for the log.
+      auto tally = [&, form](int c, const char* op, const gt::bytes& got, const gt::bytes& want) {
+        const std::size_t w = gt::wrong_elements(got, want, t);
+        wrong[c][form] += w;
+        static int details = 0;
+        if (w && details++ < 8) {
+          std::printf("DETAIL devcomm %s_%s %s %s%s%s rank %d: %s\n", engine, names[c], to_string(t),
+                      form ? "blocking" : "stream-ordered", *op ? " op " : "", op, rank,
+                      gt::describe_wrong(got, want, t).c_str());
+        }
+      };
       // The blocking form needs its device data ready before the call.
       auto up = [&](void* d, const gt::bytes& h) {
         GPU(cudaMemcpyAsync(d, h.data(), h.size(), cudaMemcpyHostToDevice, s));
@@ -160,7 +172,7 @@ int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int r
 
       up(a.at(), mine);
       OR_DIE(blocking ? dc.broadcast(a.at(), n, t, root) : dc.broadcast(a.at(), n, t, root, s));
-      wrong[0][form] += gt::wrong_elements(down(a.at(), bytes), gt::input(t, n, root), t);
+      tally(0, "", down(a.at(), bytes), gt::input(t, n, root));
 
       for (int oi = 0; oi < reduce_op_count; ++oi) {
         const auto op = static_cast<reduce_op>(oi);
@@ -170,35 +182,34 @@ int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int r
         void* recv = blocking ? a.at() : b.at();
         OR_DIE(blocking ? dc.reduce(a.at(), recv, n, t, op, root) : dc.reduce(a.at(), recv, n, t, op, root, s));
         const gt::bytes want = rank == root ? slice(ref[oi], 0, bytes) : blocking ? mine : gt::bytes(bytes, 0x5a);
-        wrong[1][form] += gt::wrong_elements(down(recv, bytes), want, t);
+        tally(1, to_string(op), down(recv, bytes), want);
 
         // reduce_scatter: recv = b, or in place (recv = send + rank * n).
         up(a.at(), mine_all);
         void* rs = blocking ? a.at(me * bytes) : b.at();
         OR_DIE(blocking ? dc.reduce_scatter(a.at(), rs, n, t, op) : dc.reduce_scatter(a.at(), rs, n, t, op, s));
-        wrong[3][form] += gt::wrong_elements(down(rs, bytes), slice(ref[oi], me, bytes), t);
+        tally(3, to_string(op), down(rs, bytes), slice(ref[oi], me, bytes));
       }
 
       // allgather: send = a, or in place (send = recv + rank * n).
       void* send = blocking ? b.at(me * bytes) : a.at();
       up(send, mine);
       OR_DIE(blocking ? dc.allgather(send, b.at(), n, t) : dc.allgather(send, b.at(), n, t, s));
-      wrong[2][form] += gt::wrong_elements(down(b.at(), bytes * un), gathered(t, n, size), t);
+      tally(2, "", down(b.at(), bytes * un), gathered(t, n, size));
 
       // gather: send = a, recv = b (a sentinel off the root), or in place on the root.
       GPU(cudaMemsetAsync(b.at(), 0x5a, bytes * un, s));
       send = blocking && rank == root ? b.at(me * bytes) : a.at();
       up(send, mine);
       OR_DIE(blocking ? dc.gather(send, b.at(), n, t, root) : dc.gather(send, b.at(), n, t, root, s));
-      wrong[4][form] += gt::wrong_elements(down(b.at(), bytes * un),
-                                           rank == root ? gathered(t, n, size) : gt::bytes(bytes * un, 0x5a), t);
+      tally(4, "", down(b.at(), bytes * un), rank == root ? gathered(t, n, size) : gt::bytes(bytes * un, 0x5a));
 
       // scatter: root's send = a, recv = b, or in place on the root (recv = send + root * n).
       const gt::bytes root_all = gt::input(t, n * un, root);
       if (rank == root) up(a.at(), root_all);
       void* sc = blocking && rank == root ? a.at(me * bytes) : b.at();
       OR_DIE(blocking ? dc.scatter(a.at(), sc, n, t, root) : dc.scatter(a.at(), sc, n, t, root, s));
-      wrong[5][form] += gt::wrong_elements(down(sc, bytes), slice(root_all, me, bytes), t);
+      tally(5, "", down(sc, bytes), slice(root_all, me, bytes));
 
       // alltoall: send = a, recv = b, or in place (the native engine; NCCL refuses it).
       up(a.at(), mine_all);
@@ -209,7 +220,7 @@ int check_collectives(device_comm& dc, cudaStream_t s, const char* engine, int r
         const gt::bytes piece = slice(gt::input(t, n * un, q), me, bytes);
         want_a2a.insert(want_a2a.end(), piece.begin(), piece.end());
       }
-      wrong[6][form] += gt::wrong_elements(down(at, bytes * un), want_a2a, t);
+      tally(6, "", down(at, bytes * un), want_a2a);
     }
     for (int c = 0; c < 7; ++c) {
       const bool bad = wrong[c][0] || wrong[c][1];
@@ -749,13 +760,18 @@ int main() {
   if (!gpu_test::have_device_or_skip("device_comm_gpu")) return 77;
   // What NVML (cuda/nvml.hpp, loaded at run time) says about GPU 0's NVLinks:
   // for the table only (one GPU has no peer; a missing NVML is not a failure).
-  char bus[32] = {};
-  if (cudaDeviceGetPCIBusId(bus, sizeof bus, 0) == cudaSuccess) {
+  // In a child of its own, like every CUDA call here: a parent that has touched
+  // the CUDA runtime before fork() leaves its children's runtime unusable
+  // (cudaErrorInitializationError), which the first H200 run showed.
+  gpu_test::in_processes("devcomm-nvml", 1, [](const char*, int) {
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, 0) != cudaSuccess) return 0;
     auto n = cuda::nvml::process();
     auto l = n ? n.value()->links_between(bus, bus) : result<cuda::nvlink_count>(n.error());
     if (l) std::printf("RESULT devcomm nvml_info GPU 0 at PCI %s: %d active NVLinks (to NVSwitch or other GPUs)\n", bus, l.value().other);
     else std::printf("RESULT devcomm nvml_info GPU 0 at PCI %s: %s\n", bus, l.error().message().c_str());
-  }
+    return 0;
+  });
   const int size = 2;
   int bad = gpu_test::in_processes("devcomm", size, [&](const char* dir, int rank) { return native_rank(dir, rank, size); });
   std::printf("RESULT devcomm native_check_ranks %d %s\n", size, bad ? "FAIL" : "ok");

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 // The GPU programs are plain executables (no doctest): a failed step prints
@@ -71,6 +72,33 @@ inline std::size_t wrong_elements(const bytes& a, const bytes& b, dtype t) {
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < a.size(); i += es) wrong += std::memcmp(&a[i], &b[i], es) != 0;
   return wrong;
+}
+
+/// For a failure line: how many elements of t differ, where the first and the
+/// last one are, and the first one's bytes both ways (hex, lowest address first).
+inline std::string describe_wrong(const bytes& got, const bytes& want, dtype t) {
+  const std::size_t es = size_of(t);
+  if (got.size() != want.size()) {
+    return "got " + std::to_string(got.size()) + " bytes, want " + std::to_string(want.size());
+  }
+  std::size_t n = 0, first = 0, last = 0;
+  for (std::size_t i = 0; i < got.size(); i += es) {
+    if (std::memcmp(&got[i], &want[i], es) == 0) continue;
+    if (n++ == 0) first = i / es;
+    last = i / es;
+  }
+  if (n == 0) return "all right";
+  auto hex = [&](const bytes& b) {
+    std::string h;
+    char two[3];
+    for (std::size_t k = 0; k < es; ++k) {
+      std::snprintf(two, sizeof two, "%02x", b[first * es + k]);
+      h += two;
+    }
+    return h;
+  };
+  return std::to_string(n) + " of " + std::to_string(got.size() / es) + " wrong, elements " + std::to_string(first) +
+         ".." + std::to_string(last) + "; first: got " + hex(got) + " want " + hex(want);
 }
 
 }  // namespace cclite::gpu_test

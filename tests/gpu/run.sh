@@ -8,6 +8,10 @@
 #   tests/gpu/run.sh --table build-gpu/results.txt   re-print the table of a run
 #   DIRECT_BUILD=1 tests/gpu/run.sh   skip CMake: nvcc/g++ build the GPU programs (no
 #                        cuda_test); what happens anyway without cmake or doctest
+#   PREBUILT=1 BUILD=dir tests/gpu/run.sh   build nothing: run the programs already in
+#                        dir/bin (built elsewhere with CMake, -DCMAKE_CUDA_ARCHITECTURES=90,
+#                        e.g. copied from build/bin to a GPU machine that lacks the
+#                        Debian packages; its CUDA libraries must be on LD_LIBRARY_PATH)
 #
 # What it runs:
 #   cuda_test            doctest: device detection, pointer kinds, error statuses,
@@ -123,6 +127,11 @@ print_table() {  # results file
   echo
   awk '$1=="RESULT" && $2=="nccl_allreduce_perf" { printf "NCCL allreduce %d MiB float sum, %d rank(s): %.1f us, algbw %.1f GB/s, busbw %.1f GB/s%s\n", $3/1048576, $4, $5, $6, $7, ($4==1 ? " (busbw factor 2(n-1)/n is 0 for one rank)" : "") }' "$RES"
   grep -h '^RESULT nccl missing_rank' "$RES" | sed 's/^RESULT nccl /NCCL /'
+  if grep -q '^DETAIL' "$RES"; then
+    echo
+    echo "Wrong results in detail (the first few per program):"
+    grep -h '^DETAIL' "$RES" | sed 's/^DETAIL /  /' | head -n 24
+  fi
   echo
   echo "Steps:"
   awk '$1=="RESULT" && $2=="step" { printf "  %-20s %s\n", $3, $4 }' "$RES"
@@ -134,9 +143,14 @@ if [ "${1:-}" = "--table" ]; then built_with=earlier; print_table "$2"; exit 0; 
 
 # ---- build: CMake when its dependencies are here, else nvcc/g++ directly ---------
 built_with=none
+if [ "${PREBUILT:-0}" = 1 ]; then
+  built_with=prebuilt
+  # cuda_test's stand-in NVML, where its build path does not exist
+  [ -f "$BUILD/bin/libcclite_fake_nvml.so" ] && export CCLITE_TEST_FAKE_NVML="$BUILD/bin/libcclite_fake_nvml.so"
+fi
 have_doctest=0
 { [ -f /usr/include/doctest/doctest.h ] || [ -f /usr/local/include/doctest/doctest.h ]; } && have_doctest=1
-if command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}" != 1 ]; then
+if [ $built_with = none ] && command -v cmake >/dev/null && [ $have_doctest = 1 ] && [ "${DIRECT_BUILD:-0}" != 1 ]; then
   tcp=ON
   say "cmake configure (tcp=$tcp, arch=$ARCH)"
   if cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
@@ -201,7 +215,7 @@ run() {  # name, seconds, command...
   timeout "$secs" "$@" > "$BUILD/$name.out" 2>&1
   local rc=$?
   cat "$BUILD/$name.out" >> "$LOG"
-  grep '^RESULT' "$BUILD/$name.out" >> "$RES"
+  grep -E '^(RESULT|DETAIL)' "$BUILD/$name.out" >> "$RES"
   local verdict=ok
   case $rc in 0) ;; 77) verdict=SKIPPED_NO_GPU ;; 124) verdict=TIMEOUT; fails=$((fails + 1)) ;; *) verdict="FAIL(rc=$rc)"; fails=$((fails + 1)) ;; esac
   echo "RESULT step $name $verdict" >> "$RES"
