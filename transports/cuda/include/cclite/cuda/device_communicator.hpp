@@ -60,8 +60,11 @@
 // the stream-ordered path on an internal stream and waits for it; a mix is
 // invalid_argument (reduce looks at recv on the root only). Every rank must
 // take the same route (a host rank and a device rank wait for each other until
-// the timeout). As with CUDA-aware MPI, device data must be ready (its
-// producing stream synchronised) before the blocking call.
+// the timeout). The internal stream waits for the legacy default stream, so
+// data written by cudaMemcpy or by kernels on the default stream is ready; as
+// with CUDA-aware MPI, data produced on other streams must be synchronised by
+// the caller before the blocking call. The stream-ordered forms order after
+// earlier work on the stream they are given, and only that.
 //
 // Errors: create() is errc::unsupported "no CUDA device ..." on a machine
 // without a usable GPU (the CPU communicator stays usable). A bad dtype, op,
@@ -365,7 +368,11 @@ class device_communicator {
       : host_(&host), device_(dev), engine_(engine), timeout_(timeout), opts_(o) {}
 
   status init() {
-    auto s = stream::create();
+    // The blocking forms' stream synchronises with the legacy default stream:
+    // a cudaMemcpy from pageable memory returns before its DMA has landed, and
+    // a non-blocking stream read the old contents (seen on an H200: wrong
+    // results after `cudaMemcpy(d, host, ...); allreduce(d, d, ...)`).
+    auto s = stream::create(cudaStreamDefault);
     if (!s) return s.error();
     own_stream_ = std::move(s.value());
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL

@@ -205,10 +205,13 @@ class stream {
   stream& operator=(const stream&) = delete;
   ~stream() { reset(); }
 
-  static result<stream> create() {
+  /// A new stream on the current device. cudaStreamNonBlocking (the default)
+  /// runs independently of the legacy default stream; cudaStreamDefault waits
+  /// for the legacy stream's earlier work, e.g. the DMA that a cudaMemcpy from
+  /// pageable memory may still have in flight when it returns.
+  static result<stream> create(unsigned flags = cudaStreamNonBlocking) {
     stream s;
-    CCLITE_TRY(cuda_status(cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking),
-                           "cudaStreamCreateWithFlags"));
+    CCLITE_TRY(cuda_status(cudaStreamCreateWithFlags(&s.s_, flags), "cudaStreamCreateWithFlags"));
     return result<stream>(std::move(s));
   }
 
