@@ -6,8 +6,10 @@
 //   build/bin/cclite-run --nproc-per-node 1 build/bin/device_allreduce_perf -b 8 -e 256M -f 4 -g nccl
 //
 // Flags as allreduce_perf (-b -e -f -i -n -w -c -d -o -J), plus -g nccl|native|auto
-// (the engine; default CCLITE_GPU_BACKEND, else auto) and -I 0 (native engine:
-// stage through pinned host memory instead of CUDA IPC). Each rank uses the GPU
+// (the engine; default CCLITE_GPU_BACKEND, else auto), -I 0 (native engine:
+// stage through pinned host memory instead of CUDA IPC) and -I 1 (CUDA IPC at
+// every size; by default ranks sharing a GPU without MPS stage calls under
+// 1 MiB, device_options::ipc_min_bytes). Each rank uses the GPU
 // device_communicator picks (local rank modulo the device count: two ranks may
 // share one GPU on the native engine; NCCL wants one GPU per rank).
 // Time: `iters` calls enqueued back to back on one stream, then synchronize(), by
@@ -48,6 +50,7 @@ int main(int argc, char** argv) {
   cuda::device_options o;
   if (!engine.empty()) o.backend = engine.c_str();
   o.ipc = ipc != "0";
+  if (ipc == "1") o.ipc_min_bytes = 0;
   auto made = device_comm::create(c, o);
   if (!made) {  // every rank answers the same, before any collective
     std::fprintf(stderr, "device_allreduce_perf rank %d: %s\n", c.rank(), made.error().to_string().c_str());

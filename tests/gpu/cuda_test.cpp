@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "reference.hpp"
 #include "support/comm.hpp"
 #include "support/mp.hpp"
@@ -984,6 +986,33 @@ TEST_CASE("CUDA IPC path: taken only when every condition holds, else a reason a
   CHECK(contains(why([](ipc_facts& g) { g.size = 4; }), "not all on one node"));
   CHECK(contains(why([](ipc_facts& g) { g.peers_reachable = false; }), "peer access"));
   CHECK(contains(why([](ipc_facts& g) { g.slots = 1; }), "at least 2 staging slots"));
+}
+
+TEST_CASE("CUDA IPC path: ranks sharing a GPU without MPS stage their small collectives") {
+  using cuda::detail::auto_ipc_min_bytes;
+  CHECK(auto_ipc_min_bytes(true, false) == (1 << 20));
+  CHECK(auto_ipc_min_bytes(true, true) == 0);
+  CHECK(auto_ipc_min_bytes(false, false) == 0);
+  CHECK(auto_ipc_min_bytes(false, true) == 0);
+  // MPS is found by its control pipe in CUDA_MPS_PIPE_DIRECTORY (a child: the
+  // variable must not leak into the other cases).
+  CHECK(in_child([] {
+    char tmpl[] = "/tmp/cclite-mps-XXXXXX";
+    const char* dir = ::mkdtemp(tmpl);
+    MP_CHECK(dir != nullptr);
+    ::setenv("CUDA_MPS_PIPE_DIRECTORY", dir, 1);
+    const bool before = cuda::detail::mps_daemon_present();
+    const std::string control = std::string(dir) + "/control";
+    std::FILE* f = std::fopen(control.c_str(), "w");
+    MP_CHECK(f != nullptr);
+    std::fclose(f);
+    const bool after = cuda::detail::mps_daemon_present();
+    std::remove(control.c_str());
+    ::rmdir(dir);
+    MP_CHECK(!before);
+    MP_CHECK(after);
+    return 0;
+  }));
 }
 
 TEST_CASE("the device reduction kernels are linked into programs using cclite::cuda") {

@@ -635,6 +635,39 @@ int native_rank(const char* dir, int rank, int size) {
       std::printf("RESULT devcomm auto_engine_2_ranks_1_gpu %s (path %s)\n", native && ipc ? "ok" : "FAIL",
                   dc.value()->path());
     }
+    // Two ranks on one GPU: without MPS, calls under 1 MiB stage through host
+    // memory (ipc_min_bytes, auto). Small, large, small back to back on one
+    // stream, not waited for in between: the two paths in turn, right results.
+    const bool mps = cuda::detail::mps_daemon_present();
+    const std::int64_t want_min = cuda::detail::auto_ipc_min_bytes(true, mps);
+    const bool min_right = dc.value()->ipc_min_bytes() == want_min;
+    auto st = cuda::stream::create();
+    OR_DIE(st.ok() ? status() : st.error());
+    const std::size_t small = 1001, large = 300007;  // 3.9 KiB and 1.1 MiB of float
+    dev x(small * 4), y(large * 4), z(small * 4);
+    const auto xs = gt::input(dtype::float32, small, rank), ys = gt::input(dtype::float32, large, rank);
+    GPU(cudaMemcpyAsync(x.at(), xs.data(), xs.size(), cudaMemcpyHostToDevice, st.value().get()));
+    GPU(cudaMemcpyAsync(y.at(), ys.data(), ys.size(), cudaMemcpyHostToDevice, st.value().get()));
+    GPU(cudaMemcpyAsync(z.at(), xs.data(), xs.size(), cudaMemcpyHostToDevice, st.value().get()));
+    for (dev* d : {&x, &y, &z}) {
+      const std::size_t n = d == &y ? large : small;
+      OR_DIE(dc.value()->allreduce(d->at(), d->at(), n, dtype::float32, reduce_op::sum, st.value().get()));
+    }
+    OR_DIE(dc.value()->synchronize(st.value().get()));
+    std::size_t wrong = 0;
+    for (dev* d : {&x, &y, &z}) {
+      const std::size_t n = d == &y ? large : small;
+      gt::bytes got(n * 4);
+      GPU(cudaMemcpy(got.data(), d->at(), got.size(), cudaMemcpyDeviceToHost));
+      wrong += gt::wrong_elements(got, gt::reduced(dtype::float32, reduce_op::sum, n, size), dtype::float32);
+    }
+    failed += !min_right + (wrong != 0);
+    if (rank == 0 || !min_right || wrong) {
+      std::printf("RESULT devcomm auto_ipc_min_bytes %s (rank %d: %lld B, want %lld: MPS %s; small, large, small "
+                  "back to back: %zu wrong)\n",
+                  min_right && !wrong ? "ok" : "FAIL", rank, static_cast<long long>(dc.value()->ipc_min_bytes()),
+                  static_cast<long long>(want_min), mps ? "present" : "absent", wrong);
+    }
   }
   failed += check_device_buffers(*comm.value(), rank, size);
   auto stream = cuda::stream::create();
@@ -649,6 +682,7 @@ int native_rank(const char* dir, int rank, int size) {
     o.ipc_chunk_bytes = 256u << 10;
     o.slots = 3;
     o.ipc = ipc;
+    o.ipc_min_bytes = 0;  // every collective over CUDA IPC, also on one GPU without MPS
     auto made = device_comm::create(*comm.value(), o);
     OR_DIE(made.ok() ? status() : made.error());
     device_comm& dc = *made.value();

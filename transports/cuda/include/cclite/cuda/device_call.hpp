@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include <cclite/collective/op.hpp>
 #include <cclite/core/status.hpp>
@@ -39,6 +40,12 @@ struct device_options {
   /// (tens of microseconds), which a device copies 16 MiB in. The same on
   /// every rank.
   std::size_t ipc_chunk_bytes = std::size_t{16} << 20;
+  /// CUDA IPC path: collectives that move fewer bytes per rank than this take
+  /// the staged path instead (the v-variants always take CUDA IPC). -1 (auto):
+  /// 1 MiB when two ranks share a GPU and no MPS daemon serves them, else 0
+  /// (ipc_engine.hpp's auto_ipc_min_bytes says why). CCLITE_CUDA_IPC_MIN_BYTES
+  /// overrides it; the ranks agree on the largest value.
+  std::int64_t ipc_min_bytes = -1;
 };
 
 /// Which path a pair of buffers takes in the blocking collectives.

@@ -148,6 +148,10 @@ class device_communicator {
   /// How the collectives on device buffers run: "nccl", "ipc" (native, CUDA
   /// IPC) or "staged" (native, through pinned host memory).
   const char* path() const noexcept { return native_ ? native_->path() : "nccl"; }
+  /// On the "ipc" path: collectives moving fewer bytes per rank than this
+  /// stage through host memory instead (device_options::ipc_min_bytes); 0 when
+  /// all of them take CUDA IPC, and on the other paths.
+  std::int64_t ipc_min_bytes() const noexcept { return native_ ? native_->ipc_min_bytes() : 0; }
   Comm& host() const noexcept { return *host_; }
 #if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
   /// The NCCL backend (engine() == nccl), else null.

@@ -43,12 +43,15 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include <cclite/collective/op.hpp>
 #include <cclite/core/clock.hpp>
@@ -85,6 +88,28 @@ inline std::string ipc_ineligible_reason(const ipc_facts& f) {
   if (!f.peers_reachable) return "a peer's GPU cannot be reached from this one (no peer access)";
   if (f.slots < 2) return "it needs at least 2 staging slots";
   return {};
+}
+
+/// Whether an MPS control daemon seems to serve this process: its pipe
+/// directory ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps) holds the
+/// `control` pipe that MPS clients connect through. The runtime has no query
+/// for it; a stale directory after a crashed daemon reads as present.
+inline bool mps_daemon_present() {
+  const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string control = std::string(dir && *dir ? dir : "/tmp/nvidia-mps") + "/control";
+  return ::access(control.c_str(), F_OK) == 0;
+}
+
+/// The auto value of device_options::ipc_min_bytes. Processes that share a GPU
+/// without MPS have a context each, and the GPU time-slices between them: every
+/// cross-process event wait of the IPC path then costs a context switch. On an
+/// H200 (2026-12-04, docs/performance.md "Session 14") a call took ~300 us
+/// over CUDA IPC at any size up to 1 MiB, against 50-250 us staged below
+/// 256 KiB; from 1 MiB the IPC path was faster (321 against 361-802 us), and
+/// the 2-rank trainer sample took 12.6 s per epoch over CUDA IPC, 1.0 s staged.
+/// Under MPS, or on a GPU each, the IPC path is the fast one at every size.
+inline std::int64_t auto_ipc_min_bytes(bool shares_gpu, bool mps) noexcept {
+  return shares_gpu && !mps ? std::int64_t{1} << 20 : 0;
 }
 
 template <class Comm>

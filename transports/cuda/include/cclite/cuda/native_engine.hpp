@@ -11,6 +11,8 @@
 // of them. The staged path exists either way: with IPC it
 // carries send / recv / sendrecv, since point to point has no barrier to order
 // the IPC slots by (pinned memory: slots x chunk_bytes, 16 MiB by default).
+// Ranks that share a GPU with no MPS daemon send their collectives under 1 MiB
+// there too (device_options::ipc_min_bytes; ipc_engine.hpp's auto_ipc_min_bytes).
 // CCLITE_DEBUG=INFO logs the choice, why, and every peer link (ipc.hpp's
 // describe_peer_link: peer access, P2P rank, PCI ids, NVLinks per NVML).
 #pragma once
@@ -68,13 +70,18 @@ class native_engine {
 
   /// "ipc" or "staged": the path of the collectives.
   const char* path() const noexcept { return ipc_ ? "ipc" : "staged"; }
+  /// With CUDA IPC: collectives of fewer bytes per rank stage instead; else 0.
+  std::int64_t ipc_min_bytes() const noexcept { return ipc_ ? ipc_min_bytes_ : 0; }
 
   /// Hands a checked call to its path: point to point always to the staged
-  /// one. `va`: the v-variants' arrays, sendrecv's receive side.
+  /// one, and so do collectives under ipc_min_bytes() (never the v-variants,
+  /// whose sizes differ between ranks: every rank must choose the same path).
+  /// `va`: the v-variants' arrays, sendrecv's receive side.
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
                  int root, cudaStream_t stream, const v_args& va) {
     const bool p2p = k == collective_kind::send || k == collective_kind::recv || k == collective_kind::sendrecv;
-    if (ipc_ && !p2p) return ipc_->enqueue(k, send, recv, count, t, op, root, stream, va);
+    const bool small = !is_v(k) && count * size_of(t) < static_cast<std::uint64_t>(ipc_min_bytes_);
+    if (ipc_ && !p2p && !small) return ipc_->enqueue(k, send, recv, count, t, op, root, stream, va);
     return staged_->enqueue(k, send, recv, count, t, op, root, stream, va);
   }
 
@@ -126,6 +133,7 @@ class native_engine {
                     describe_peer_link(device_, d).c_str());
       }
     }
+    CCLITE_TRY(agree_on_ipc_min_bytes());
     std::string why = ipc_ineligible_reason(f);
     std::int64_t all_ok = why.empty() ? 1 : 0;
     CCLITE_TRY(host_->allreduce(&all_ok, &all_ok, 1, dtype::int64, reduce_op::min));
@@ -138,8 +146,12 @@ class native_engine {
       if (e) {
         ipc_ = std::move(e.value());
         CCLITE_INFO(host_->log(),
-                    "device_communicator: native engine over CUDA IPC (device %d, %d ranks, %d x %zu B slots)",
-                    device_, size(), opts_.slots, opts_.ipc_chunk_bytes);
+                    "device_communicator: native engine over CUDA IPC (device %d, %d ranks, %d x %zu B slots; "
+                    "collectives under %lld B per rank staged%s)",
+                    device_, size(), opts_.slots, opts_.ipc_chunk_bytes, static_cast<long long>(ipc_min_bytes_),
+                    shares_gpu_without_mps_ ? ": ranks share a GPU and no MPS daemon serves them, see "
+                                              "device_options::ipc_min_bytes"
+                                            : "");
         return status();
       }
       if (e.error().code() != errc::unsupported) return e.error();  // the CPU communicator failed
@@ -154,6 +166,41 @@ class native_engine {
     return status();
   }
 
+  // device_options::ipc_min_bytes: CCLITE_CUDA_IPC_MIN_BYTES, else the
+  // option, else auto (ipc_engine.hpp: whether ranks share this GPU without
+  // MPS, by PCI id since device numbers depend on CUDA_VISIBLE_DEVICES). The
+  // largest value of any rank applies, so every rank routes a call alike.
+  // Errors only when the CPU communicator fails; a malformed variable is
+  // warned about and ignored (see try_ipc).
+  status agree_on_ipc_min_bytes() {
+    std::int64_t mine = -1;
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, device_) == cudaSuccess) {
+      if (auto a = parse_pci_bus_id(bus)) {
+        mine = (std::int64_t{a.value().domain} << 16) | (a.value().bus << 8) | a.value().device;
+      }
+    }
+    std::vector<std::int64_t> gpus(static_cast<std::size_t>(size()));
+    CCLITE_TRY(host_->allgather(&mine, gpus.data(), 1, dtype::int64));
+    bool shares = false;
+    for (std::size_t q = 0; q < gpus.size(); ++q) {
+      shares = shares || (static_cast<int>(q) != rank() && mine >= 0 && gpus[q] == mine);
+    }
+    const bool mps = mps_daemon_present();
+    shares_gpu_without_mps_ = shares && !mps;
+    std::int64_t min_bytes = opts_.ipc_min_bytes;
+    auto from_env = env::get_int("CUDA_IPC_MIN_BYTES", -1, false);
+    if (!from_env) {
+      CCLITE_WARN(host_->log(), "device_communicator: %s; ignored", from_env.error().message().c_str());
+    } else if (from_env.value() >= 0) {
+      min_bytes = from_env.value();
+    }
+    if (min_bytes < 0) min_bytes = auto_ipc_min_bytes(shares, mps);
+    CCLITE_TRY(host_->allreduce(&min_bytes, &min_bytes, 1, dtype::int64, reduce_op::max));
+    ipc_min_bytes_ = min_bytes;
+    return status();
+  }
+
   Comm* host_;
   int device_;
   device_options opts_;
@@ -163,6 +210,8 @@ class native_engine {
   // host functions).
   std::unique_ptr<staged_engine<Comm>> staged_;
   std::unique_ptr<ipc_engine<Comm>> ipc_;
+  std::int64_t ipc_min_bytes_ = 0;       ///< agreed by every rank (agree_on_ipc_min_bytes)
+  bool shares_gpu_without_mps_ = false;  ///< for the log
 };
 
 }  // namespace cclite::cuda::detail
