@@ -374,8 +374,9 @@ class device_communicator {
   status init() {
     // The blocking forms' stream synchronises with the legacy default stream:
     // a cudaMemcpy from pageable memory returns before its DMA has landed, and
-    // a non-blocking stream read the old contents (seen on an H200: wrong
-    // results after `cudaMemcpy(d, host, ...); allreduce(d, d, ...)`).
+    // work on a non-blocking stream may read the old contents (on an H200,
+    // device_allreduce_perf's `cudaMemcpy(d, host, ...)` followed by an
+    // allreduce on its non-blocking stream gave wrong results).
     auto s = stream::create(cudaStreamDefault);
     if (!s) return s.error();
     own_stream_ = std::move(s.value());
