@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -97,4 +98,30 @@ TEST_CASE("a worker without launcher environment gets one clear line") {
   INFO(r.text);
   CHECK(r.rc != 0);
   CHECK(r.text.find("CCLITE_RANK") != std::string::npos);
+}
+
+TEST_CASE("rank 0 hosts the store, fails and returns at once: the others still report its failure") {
+  // Three workers started by hand (no launcher to stop the others when rank 0
+  // exits). Rank 0 aborts, records the failure in the store it hosts and
+  // returns; ranks 1 and 2 call 0.5 s later. Its env_communicator keeps the
+  // store up until they have disconnected, so they read the record.
+  const int port = 30000 + static_cast<int>(::getpid() % 20000);
+  const std::string env = "env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u SLURM_PROCID "
+                          "CCLITE_WORLD_SIZE=3 CCLITE_TIMEOUT=20 CCLITE_RDZV_ENDPOINT=127.0.0.1:" +
+                          std::to_string(port) + " ";
+  std::string cmd;
+  for (int r = 0; r < 3; ++r) {
+    cmd += env + "CCLITE_RANK=" + std::to_string(r) + " " + bin_dir() + "/collectives_check --abort-rank0 & ";
+  }
+  run_out out = sh("(" + cmd + "wait)");  // the workers' stderr into the captured output too
+  INFO(out.text);
+  for (int r = 1; r < 3; ++r) {
+    const std::string tag = "collectives_check: rank " + std::to_string(r) + ": ";
+    const auto at = out.text.find(tag);
+    REQUIRE(at != std::string::npos);
+    const std::string line = out.text.substr(at, out.text.find('\n', at) - at);
+    CHECK(line.find("the job's first failure") != std::string::npos);
+    CHECK(line.find("rank 0") != std::string::npos);
+    CHECK(line.find("aborted its communicator") != std::string::npos);
+  }
 }

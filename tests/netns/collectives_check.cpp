@@ -6,6 +6,11 @@
 //     N: elements of the large calls (default 1 Mi); K: then K more large
 //     allreduces, printing "iteration 1" after the first (a job that is
 //     still running when a test kills a node).
+//   collectives_check --abort-rank0
+//     rank 0 aborts its communicator, makes one call (which records the
+//     failure in the store it hosts) and returns at once, exit 3; the others
+//     call allreduce 0.5 s later and print what it returned, exit 1 (the
+//     store host must stay until they have read the failure: launch_e2e_test).
 //
 // Values are small integers, exact in float, so every check is equality.
 // Prints one line per rank ("collectives_check: rank R of S on HOST: 14 checks
@@ -13,11 +18,13 @@
 // CCLITE_DEBUG=INFO log ("peer ...: via shm|tcp"), which the tests grep.
 #include <cclite/cclite.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -45,6 +52,10 @@ bool call(const cclite::status& st, int rank, const char* what) {
 int main(int argc, char** argv) {
   std::size_t big = std::size_t(1) << 20;
   long repeat = 0;
+  bool abort_rank0 = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--abort-rank0") == 0) abort_rank0 = true;
+  }
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--count") == 0) big = std::strtoull(argv[i + 1], nullptr, 10);
     if (std::strcmp(argv[i], "--repeat") == 0) repeat = std::strtol(argv[i + 1], nullptr, 10);
@@ -57,6 +68,14 @@ int main(int argc, char** argv) {
   }
   auto& c = *made.value();
   const int r = c.rank(), n = c.size();
+  if (abort_rank0) {
+    std::vector<float> x(1000, 1.0f);
+    if (r == 0) c.abort();
+    else std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0 has failed and left by then
+    const cclite::status st = c.allreduce(x.data(), x.size());
+    std::fprintf(stderr, "collectives_check: rank %d: %s\n", r, st.to_string().c_str());
+    return r == 0 ? 3 : st.ok() ? 0 : 1;
+  }
   using cclite::dtype;
   using cclite::reduce_op;
   const double tri = n * (n + 1) / 2.0;  // 1 + 2 + ... + n

@@ -351,6 +351,10 @@ CCLITE_SETUP_CODE_END
     return select_.choose(k, bytes, size_);
   }
 
+  /// Whether a call of this communicator, or of one sharing its links (split()
+  /// parent or children), failed fatally; every later call reports it.
+  bool failed() const noexcept { return pool_->failed.load(); }
+
   /// Makes every running and future call on this communicator return
   /// errc::aborted (within ~50 ms), and on every communicator sharing its
   /// links (its split() parent and children: one abort flag, link_pool.hpp).

@@ -35,11 +35,33 @@ class env_communicator {
   Comm* get() const noexcept { return comm_.get(); }
   const launch_info& launch() const noexcept { return launch_; }
 
+  env_communicator() = default;
+  env_communicator(env_communicator&&) noexcept = default;
+  env_communicator& operator=(env_communicator&&) noexcept = default;
+  /// On the rank that hosts the TCP store, after a failed job: the server
+  /// stays up until the other ranks have disconnected (at most 10 s), so they
+  /// can still read the job's first failure from it instead of reporting only
+  /// that this rank is gone.
+  ~env_communicator() {
+    const bool failed = comm_ && comm_->failed();
+    comm_.reset();
+    store_.reset();
+#if defined(CCLITE_HAS_TCP)
+    if (failed && hosted_) hosted_->drain_clients(deadline::after(drain_grace_));
+#else
+    (void)failed;
+#endif
+  }
+
  private:
   template <class C>
   friend result<env_communicator<C>> init_communicator(comm_options);
   // Declared first so they are destroyed last: the communicator uses the store.
   std::shared_ptr<void> server_;
+#if defined(CCLITE_HAS_TCP)
+  tcp::store_server* hosted_ = nullptr;  ///< the server in server_, if this rank hosts one
+  milliseconds drain_grace_{10000};      ///< the job's timeout, at most 10 s
+#endif
   std::unique_ptr<store> store_;
   std::unique_ptr<Comm> comm_;
   launch_info launch_;
@@ -66,6 +88,8 @@ result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
     auto s = tcp::open_store(li.value(), until, &server);
     if (!s) return s.error();
     out.store_ = std::move(s.value());
+    out.hosted_ = server.get();
+    if (opts.timeout.count() > 0 && opts.timeout < out.drain_grace_) out.drain_grace_ = opts.timeout;
     out.server_ = std::shared_ptr<tcp::store_server>(std::move(server));
 #else
     if (li.value().rdzv_dir.empty()) {

@@ -138,6 +138,12 @@ class store_server {
   std::uint64_t auth_failures() const noexcept { return n_auth_failed_.load(); }
   /// True when a background thread serves; false when progress() must.
   bool threaded() const noexcept { return threaded_; }
+  /// Serves (or, with a background thread, waits) until no connection is open
+  /// or `until` passes. For a host whose job failed: the other ranks read the
+  /// failure record before they disconnect (collective/init.hpp).
+  void drain_clients(deadline until) {
+    while (connections() > 0 && !until.expired()) (void)progress(5);
+  }
 
   /// Without a background thread: serves whatever is ready, waiting at most
   /// `timeout_ms` (< 0: until something happens) for the server's sockets and
