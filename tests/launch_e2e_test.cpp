@@ -105,7 +105,8 @@ TEST_CASE("rank 0 hosts the store, fails and returns at once: the others still r
   // exits). Rank 0 aborts, records the failure in the store it hosts and
   // returns; ranks 1 and 2 call 0.5 s later. Its env_communicator keeps the
   // store up until they have disconnected, so they read the record.
-  const int port = 30000 + static_cast<int>(::getpid() % 20000);
+  // Below the kernel's ephemeral ports (32768-60999), as cclite-run picks its own.
+  const int port = 10000 + static_cast<int>(::getpid() % 20000);
   const std::string env = "env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u SLURM_PROCID "
                           "CCLITE_WORLD_SIZE=3 CCLITE_TIMEOUT=20 CCLITE_RDZV_ENDPOINT=127.0.0.1:" +
                           std::to_string(port) + " ";
