@@ -189,7 +189,9 @@ namespace {
 //  3. nesting: the inner group_end() runs nothing;
 //  4. a grouped send meets a lone recv;
 //  5. misuse fails on the calling rank and leaves the group and the
-//     communicator usable.
+//     communicator usable;
+//  6. collectives in a group (NCCL style) are recorded and run at
+//     group_end(), before the transfers; a grouped one meets a lone one.
 int p2p_groups(default_communicator& c, store&) {
   const int n = c.size(), r = c.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
   auto val = [](int from, int to, std::size_t i) { return static_cast<std::uint8_t>(from * 31 + to * 7 + i * 13); };
@@ -263,9 +265,10 @@ int p2p_groups(default_communicator& c, store&) {
   MP_REQUIRE_OK(c.group_end());  // empty
   std::int32_t one = 1, got = 0;
   c.group_start();
-  status st = c.allreduce(&one, 1);
-  MP_CHECK(st.code() == errc::invalid_argument);
-  MP_CHECK(st.message().find("only send, recv and sendrecv") != std::string::npos);
+  auto child = c.split(0, r);
+  MP_CHECK(!child && child.error().code() == errc::invalid_argument);
+  MP_CHECK(c.allreduce(static_cast<const void*>(nullptr), &got, 1, dtype::int32, reduce_op::sum).code() ==
+           errc::invalid_argument);  // checked when issued, not recorded
   work w = c.send_async(&one, 1, dtype::int32, next);
   MP_CHECK(w.wait(std::chrono::seconds(1)).code() == errc::invalid_argument);
   MP_CHECK(c.send(&one, 1, dtype::int32, n + 3).code() == errc::invalid_argument);  // not recorded
@@ -278,11 +281,38 @@ int p2p_groups(default_communicator& c, store&) {
   MP_CHECK(c.group_end().code() == errc::invalid_argument);
   MP_REQUIRE_OK(c.allreduce(&one, 1));
   MP_CHECK(one == n);
+
+  // 6. collectives in a group, between transfers; two allreduce sizes (the
+  // small path and the ring), a broadcast, a barrier.
+  std::vector<float> s1(3000, static_cast<float>(r + 1)), s2(70000, 2.0f * static_cast<float>(r));
+  const int root = 1 % n;
+  std::vector<std::int64_t> bc(100, r == root ? 42 : -1);
+  std::vector<std::int32_t> ring_out(10, r), ring_in(10, -1);
+  c.group_start();
+  MP_REQUIRE_OK(c.allreduce(s1.data(), s1.data(), s1.size()));
+  MP_REQUIRE_OK(c.send(ring_out.data(), ring_out.size(), dtype::int32, next));
+  MP_REQUIRE_OK(c.broadcast(bc.data(), bc.size(), dtype::int64, root));
+  MP_REQUIRE_OK(c.recv(ring_in.data(), ring_in.size(), dtype::int32, prev));
+  MP_REQUIRE_OK(c.barrier());
+  MP_REQUIRE_OK(c.allreduce(s2.data(), s2.data(), s2.size(), reduce_op::max));
+  MP_CHECK(s1[0] == static_cast<float>(r + 1) && ring_in[0] == -1 && bc[0] == (r == root ? 42 : -1));  // recorded
+  MP_REQUIRE_OK(c.group_end());
+  const float sum = static_cast<float>(n * (n + 1) / 2), top = 2.0f * static_cast<float>(n - 1);
+  for (float x : s1) wrong += x != sum;
+  for (float x : s2) wrong += x != top;
+  for (std::int64_t x : bc) wrong += x != 42;
+  for (std::int32_t x : ring_in) wrong += x != prev;
+  // Grouped on even ranks, lone on odd ones: the same sequence of collectives.
+  std::int32_t v = r;
+  if (r % 2 == 0) c.group_start();
+  MP_REQUIRE_OK(c.allreduce(&v, 1, reduce_op::max));
+  if (r % 2 == 0) MP_REQUIRE_OK(c.group_end());
+  MP_CHECK(v == n - 1);
   return wrong ? 1 : 0;
 }
 }  // namespace
 
-TEST_CASE("group: sends and receives to every peer progress together, shm / tcp / mixed") {
+TEST_CASE("group: sends and receives to every peer progress together, grouped collectives run at group_end, shm / tcp / mixed") {
   run(3, net::shm_only, p2p_groups);
   run(2, net::tcp_only, p2p_groups);
   run(4, net::mixed, p2p_groups);

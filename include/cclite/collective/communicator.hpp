@@ -273,25 +273,43 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   // calls one by one would wait on each other past the link buffer. Transfers
   // to one peer keep their issue order; a grouped send matches a lone recv.
   //
-  // Groups nest: the outermost group_end() runs the calls. Buffers must stay
-  // valid until it returns. A group belongs to the communicator, not to a
-  // thread: issue it from one thread, no other thread calling this
-  // communicator meanwhile. Inside a group the other calls (collectives, the
-  // _async forms, device buffers) fail with invalid_argument / unsupported and
-  // are not recorded: NCCL groups collectives too, cclite does not.
+  // Collectives (barrier included) may be grouped too, as with NCCL: they are
+  // recorded and run in group_end(), in their issue order and before the
+  // group's point-to-point calls, so every rank must group the same
+  // collectives in the same order (a grouped allreduce matches a lone one on
+  // another rank only if nothing else comes between them there). Unlike NCCL
+  // they are not fused into one launch: grouping them saves nothing, it only
+  // lets NCCL code keep its shape.
+  //
+  // Groups nest: the outermost group_end() runs the calls. Buffers (and the
+  // v-variants' count and displacement arrays) must stay valid until it
+  // returns. A group belongs to the communicator, not to a thread: issue it
+  // from one thread, no other thread calling this communicator meanwhile.
+  // Inside a group the _async forms fail with invalid_argument and calls on
+  // device buffers with unsupported; neither is recorded.
 
   /// Opens a group (above).
   void group_start() noexcept { ++group_depth_; }
   /// Closes a group. The outermost runs the recorded calls, in issue order with
-  /// this communicator's other calls, and returns their status.
-  /// Errors: invalid_argument (no group open), those of send / recv.
+  /// this communicator's other calls: the collectives one by one, then the
+  /// point-to-point calls together. Returns the first error; the calls after
+  /// a failed one do not run (the communicator is unusable then anyway).
+  /// Errors: invalid_argument (no group open), those of the recorded calls.
   status group_end() {
     if (group_depth_ == 0) return make_error(errc::invalid_argument, "group_end() without a group_start()");
-    if (--group_depth_ > 0 || group_.empty()) return {};
-    op_desc d = rooted<collective_kind::group>(nullptr, nullptr, group_.size(), dtype::uint8, reduce_op::sum, 0);
-    d.transfers = group_.data();
-    status st = queue_.run(d);  // each transfer was checked, and kept off device buffers, when issued
-    group_.clear();  // keeps its capacity: the next group of this size does not allocate
+    if (--group_depth_ > 0) return {};
+    status st;
+    for (const op_desc& c : group_calls_) {  // each was checked, and kept off device buffers, when issued
+      st = queue_.run(c);
+      if (!st.ok()) break;
+    }
+    if (st.ok() && !group_.empty()) {
+      op_desc d = rooted<collective_kind::group>(nullptr, nullptr, group_.size(), dtype::uint8, reduce_op::sum, 0);
+      d.transfers = group_.data();
+      st = queue_.run(d);
+    }
+    group_calls_.clear();  // both keep their capacity: the next group of this size does not allocate
+    group_.clear();
     return st;
   }
 
@@ -312,8 +330,12 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// child calls must come in the same order on every rank; abort() on one
   /// aborts both; the child may outlive this communicator (the store must
   /// outlive both). opts.store_prefix is ignored.
-  /// Errors: those of allgather and create().
+  /// Errors: invalid_argument inside a group; those of allgather and create().
   result<std::unique_ptr<communicator>> split(int color, int key, comm_options opts = {}) {
+    if (group_depth_) {  // its allgather would only be recorded
+      return make_error(errc::invalid_argument, "split() inside group_start() .. group_end(): call it after "
+                        "group_end()");
+    }
     std::int64_t mine[2] = {color < 0 ? -1 : color, key};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size_));
     CCLITE_TRY(allgather(mine, all.data(), 2, dtype::int64));
@@ -458,15 +480,16 @@ CCLITE_SETUP_CODE_END
     if (device_ && device_->owns(d)) return work::completed(run_on_device(d));
     return queue_.submit(d);
   }
-  // A call inside a group: its transfers, to run at group_end().
+  // A call inside a group, to run at group_end(): a collective as it is, a
+  // point-to-point call as its transfers.
   status record(const op_desc& d) {
-    const bool send = d.kind == collective_kind::send, recv = d.kind == collective_kind::recv;
-    if (!send && !recv && d.kind != collective_kind::sendrecv) {
-      return make_error(errc::invalid_argument, "%s inside group_start() .. group_end(): only send, recv and "
-                        "sendrecv can be grouped; call it after group_end()", to_string(d.kind));
-    }
     if (device_ && device_->owns(d))
       return make_error(errc::unsupported, "%s on device buffers cannot be grouped", to_string(d.kind));
+    const bool send = d.kind == collective_kind::send, recv = d.kind == collective_kind::recv;
+    if (!send && !recv && d.kind != collective_kind::sendrecv) {
+      group_calls_.push_back(d);
+      return {};
+    }
     const std::size_t elem = size_of(d.type);
     p2p_transfer t;
     t.type = d.type;
@@ -495,6 +518,7 @@ CCLITE_SETUP_CODE_END
   int splits_ = 0;
   int group_depth_ = 0;  // group_start() minus group_end()
   std::vector<p2p_transfer> group_;  // the open group's transfers
+  std::vector<op_desc> group_calls_;  // the open group's collectives, in issue order
   device_hook* device_ = nullptr;  // set_device_hook()
   // Reused between calls so that steady-state collectives do not allocate.
   detail::work_queue queue_;  // last: its thread must stop before the rest is destroyed
