@@ -18,7 +18,7 @@
 //
 // Thread safety: calls may come from any thread; they run one at a time in
 // issue order (see work_queue.hpp). abort() may be called from any thread.
-// A group of point-to-point calls (group_start() .. group_end()) is the
+// A group (group_start() .. group_end(), point-to-point calls and collectives) is the
 // exception: one thread issues it, with no other calls in between.
 // A communicator and the children split() made from it share connections
 // (link_pool.hpp): their collectives run one at a time (a lock), and each
