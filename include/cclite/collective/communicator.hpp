@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include <cclite/collective/call_group.hpp>
 #include <cclite/collective/comm_dispatch.hpp>
 #include <cclite/collective/device_hook.hpp>
 #include <cclite/collective/link_pool.hpp>
@@ -289,28 +290,23 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   // device buffers with unsupported; neither is recorded.
 
   /// Opens a group (above).
-  void group_start() noexcept { ++group_depth_; }
+  void group_start() noexcept { group_.start(); }
   /// Closes a group. The outermost runs the recorded calls, in issue order with
   /// this communicator's other calls: the collectives one by one, then the
   /// point-to-point calls together. Returns the first error; the calls after
   /// a failed one do not run (the communicator is unusable then anyway).
   /// Errors: invalid_argument (no group open), those of the recorded calls.
   status group_end() {
-    if (group_depth_ == 0) return make_error(errc::invalid_argument, "group_end() without a group_start()");
-    if (--group_depth_ > 0) return {};
-    status st;
-    for (const op_desc& c : group_calls_) {  // each was checked, and kept off device buffers, when issued
-      st = queue_.run(c);
-      if (!st.ok()) break;
-    }
-    if (st.ok() && !group_.empty()) {
-      op_desc d = rooted<collective_kind::group>(nullptr, nullptr, group_.size(), dtype::uint8, reduce_op::sum, 0);
-      d.transfers = group_.data();
-      st = queue_.run(d);
-    }
-    group_calls_.clear();  // both keep their capacity: the next group of this size does not allocate
-    group_.clear();
-    return st;
+    auto outermost = group_.end();
+    if (!outermost) return outermost.error();
+    if (!outermost.value()) return {};
+    return group_.run_and_clear([this](const op_desc& d) { return queue_.run(d); },
+                                [this](std::size_t n, const p2p_transfer* t) {
+                                  op_desc d = rooted<collective_kind::group>(nullptr, nullptr, n, dtype::uint8,
+                                                                             reduce_op::sum, 0);
+                                  d.transfers = t;
+                                  return d;
+                                });
   }
 
   /// Color that leaves a rank out of every sub-communicator of split().
@@ -332,7 +328,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// outlive both). opts.store_prefix is ignored.
   /// Errors: invalid_argument inside a group; those of allgather and create().
   result<std::unique_ptr<communicator>> split(int color, int key, comm_options opts = {}) {
-    if (group_depth_) {  // its allgather would only be recorded
+    if (group_.open()) {  // its allgather would only be recorded
       return make_error(errc::invalid_argument, "split() inside group_start() .. group_end(): call it after "
                         "group_end()");
     }
@@ -465,12 +461,12 @@ CCLITE_SETUP_CODE_END
   // issued before has finished (issue order, as for every call).
   status run(const op_desc& d) {
     CCLITE_TRY(detail::validate(d, size_));
-    if (group_depth_) return record(d);
+    if (group_.open()) return record(d);
     if (device_ && device_->owns(d)) return run_on_device(d);
     return queue_.run(d);
   }
   work submit(const op_desc& d) {
-    if (group_depth_) {
+    if (group_.open()) {
       return work::failed(make_error(errc::invalid_argument, "%s_async inside group_start() .. group_end(): "
                                      "use %s, the group's status comes from group_end()", to_string(d.kind),
                                      to_string(d.kind)));
@@ -480,34 +476,11 @@ CCLITE_SETUP_CODE_END
     if (device_ && device_->owns(d)) return work::completed(run_on_device(d));
     return queue_.submit(d);
   }
-  // A call inside a group, to run at group_end(): a collective as it is, a
-  // point-to-point call as its transfers.
+  // A call inside a group, checked, to run at group_end() (call_group.hpp).
   status record(const op_desc& d) {
     if (device_ && device_->owns(d))
       return make_error(errc::unsupported, "%s on device buffers cannot be grouped", to_string(d.kind));
-    const bool send = d.kind == collective_kind::send, recv = d.kind == collective_kind::recv;
-    if (!send && !recv && d.kind != collective_kind::sendrecv) {
-      group_calls_.push_back(d);
-      return {};
-    }
-    const std::size_t elem = size_of(d.type);
-    p2p_transfer t;
-    t.type = d.type;
-    if (!recv) {
-      t.peer = d.root;
-      t.is_send = true;
-      t.send = static_cast<const std::uint8_t*>(d.send);
-      t.bytes = d.count * elem;
-      group_.push_back(t);
-    }
-    if (!send) {
-      t = p2p_transfer();
-      t.type = d.type;
-      t.peer = recv ? d.root : d.peer2;
-      t.recv = static_cast<std::uint8_t*>(d.recv);
-      t.bytes = (recv ? d.count : d.count2) * elem;
-      group_.push_back(t);
-    }
+    group_.record(d);
     return {};
   }
   status run_on_device(const op_desc& d) {
@@ -516,9 +489,7 @@ CCLITE_SETUP_CODE_END
   }
 
   int splits_ = 0;
-  int group_depth_ = 0;  // group_start() minus group_end()
-  std::vector<p2p_transfer> group_;  // the open group's transfers
-  std::vector<op_desc> group_calls_;  // the open group's collectives, in issue order
+  detail::call_group group_;  // the open group's calls
   device_hook* device_ = nullptr;  // set_device_hook()
   // Reused between calls so that steady-state collectives do not allocate.
   detail::work_queue queue_;  // last: its thread must stop before the rest is destroyed
