@@ -120,20 +120,24 @@ class native_engine {
     f.local_size = host_->local_size();
     f.size = size();
     f.slots = opts_.slots;
-    // Every rank's device, to check peer access (the same GPU always works).
-    std::vector<std::int64_t> devs(static_cast<std::size_t>(size()));
-    const std::int64_t mine = device_;
-    CCLITE_TRY(host_->allgather(&mine, devs.data(), 1, dtype::int64));
-    for (std::size_t q = 0; q < devs.size(); ++q) {
-      const int d = static_cast<int>(devs[q]);
+    // Every rank's device, to check peer access (the same GPU always works),
+    // and its PCI id, to see which ranks share a GPU (device numbers depend on
+    // CUDA_VISIBLE_DEVICES).
+    const std::int64_t mine[2] = {device_, pci_key(device_)};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
+    CCLITE_TRY(host_->allgather(mine, all.data(), 2, dtype::int64));
+    bool shares_gpu = false;
+    for (std::size_t q = 0; q < static_cast<std::size_t>(size()); ++q) {
+      const int d = static_cast<int>(all[2 * q]);
       auto yes = can_access_peer(device_, d);
       f.peers_reachable = f.peers_reachable && yes.ok() && yes.value();
       if (static_cast<int>(q) != rank()) {
+        shares_gpu = shares_gpu || (mine[1] >= 0 && all[2 * q + 1] == mine[1]);
         CCLITE_INFO(host_->log(), "device_communicator: GPU %d -> rank %zu's GPU %d: %s", device_, q, d,
                     describe_peer_link(device_, d).c_str());
       }
     }
-    CCLITE_TRY(agree_on_ipc_min_bytes());
+    CCLITE_TRY(agree_on_ipc_min_bytes(shares_gpu));
     std::string why = ipc_ineligible_reason(f);
     std::int64_t all_ok = why.empty() ? 1 : 0;
     CCLITE_TRY(host_->allreduce(&all_ok, &all_ok, 1, dtype::int64, reduce_op::min));
@@ -166,26 +170,21 @@ class native_engine {
     return status();
   }
 
-  // device_options::ipc_min_bytes: CCLITE_CUDA_IPC_MIN_BYTES, else the
-  // option, else auto (ipc_engine.hpp: whether ranks share this GPU without
-  // MPS, by PCI id since device numbers depend on CUDA_VISIBLE_DEVICES). The
-  // largest value of any rank applies, so every rank routes a call alike.
-  // Errors only when the CPU communicator fails; a malformed variable is
-  // warned about and ignored (see try_ipc).
-  status agree_on_ipc_min_bytes() {
-    std::int64_t mine = -1;
+  // `dev`'s PCI address as one number, -1 when the runtime cannot say.
+  static std::int64_t pci_key(int dev) {
     char bus[32] = {};
-    if (cudaDeviceGetPCIBusId(bus, sizeof bus, device_) == cudaSuccess) {
-      if (auto a = parse_pci_bus_id(bus)) {
-        mine = (std::int64_t{a.value().domain} << 16) | (a.value().bus << 8) | a.value().device;
-      }
-    }
-    std::vector<std::int64_t> gpus(static_cast<std::size_t>(size()));
-    CCLITE_TRY(host_->allgather(&mine, gpus.data(), 1, dtype::int64));
-    bool shares = false;
-    for (std::size_t q = 0; q < gpus.size(); ++q) {
-      shares = shares || (static_cast<int>(q) != rank() && mine >= 0 && gpus[q] == mine);
-    }
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess) return -1;
+    auto a = parse_pci_bus_id(bus);
+    return a ? (std::int64_t{a.value().domain} << 16) | (a.value().bus << 8) | a.value().device : -1;
+  }
+
+  // device_options::ipc_min_bytes: CCLITE_CUDA_IPC_MIN_BYTES, else the
+  // option, else auto (ipc_engine.hpp: whether this rank shares its GPU with
+  // another one, `shares`, without MPS). The largest value of any rank
+  // applies, so every rank routes a call alike. Errors only when the CPU
+  // communicator fails; a malformed variable is warned about and ignored
+  // (see try_ipc).
+  status agree_on_ipc_min_bytes(bool shares) {
     const bool mps = mps_daemon_present();
     shares_gpu_without_mps_ = shares && !mps;
     std::int64_t min_bytes = opts_.ipc_min_bytes;
