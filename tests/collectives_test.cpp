@@ -94,6 +94,27 @@ int check_reductions(default_communicator& c) {
         std::fprintf(stderr, "rank %d: in-place reduce_scatter %s %s count %zu wrong\n", me, to_string(t), to_string(op), count);
         ++bad;
       }
+      // The typed forms (T* buffers) carry T's kernels alone instead of
+      // every dtype's (collective/op.hpp, kernel_lookup): the same bits.
+      for (int b = 0; b < n; ++b) {  // the in-place call above overwrote block `me`
+        auto blk = contribution<T>(me, count, static_cast<std::size_t>(b) * 1000);
+        std::copy(blk.begin(), blk.end(), send.begin() + static_cast<std::ptrdiff_t>(b * count));
+      }
+      std::vector<T> typed_rs(count);
+      MP_REQUIRE_OK(c.reduce_scatter(static_cast<const T*>(send.data()), typed_rs.data(), count, op));
+      std::vector<T> all = contribution<T>(me, count), typed_ar(count, as<T>(1));
+      const std::vector<T> want_all = reduced<T>(n, count, op);
+      MP_REQUIRE_OK(c.allreduce(all.data(), typed_ar.data(), count, op));
+      MP_REQUIRE_OK(c.allreduce(all.data(), count, op));
+      std::vector<T> typed_red(count, as<T>(1));
+      MP_REQUIRE_OK(c.reduce(contribution<T>(me, count).data(), typed_red.data(), count, op, n - 1));
+      if (!same(typed_rs.data(), want.data(), count) || !same(typed_ar.data(), want_all.data(), count) ||
+          !same(all.data(), want_all.data(), count) ||
+          (me == n - 1 && !same(typed_red.data(), want_all.data(), count))) {
+        std::fprintf(stderr, "rank %d: typed reduce_scatter / allreduce / reduce %s %s count %zu wrong\n", me,
+                     to_string(t), to_string(op), count);
+        ++bad;
+      }
     }
   }
   return bad;

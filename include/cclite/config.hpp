@@ -34,6 +34,9 @@
 #define CCLITE_HAS_EXCEPTIONS 0
 #endif
 
+// CCLITE_NOINLINE: a function compiled once, neither inlined nor cloned per
+// caller (GCC's noclone: no constant-propagated copies), for loops that many
+// callers share through a function pointer (primitives::pump).
 #if defined(__GNUC__) || defined(__clang__)
 #define CCLITE_RESTRICT __restrict
 #define CCLITE_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -42,6 +45,13 @@
 #define CCLITE_RESTRICT
 #define CCLITE_LIKELY(x) (x)
 #define CCLITE_UNLIKELY(x) (x)
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#define CCLITE_NOINLINE __attribute__((noinline, noclone))
+#elif defined(__clang__)
+#define CCLITE_NOINLINE __attribute__((noinline))
+#else
+#define CCLITE_NOINLINE
 #endif
 
 // Reduction kernels and the float16 conversions they call are compiled

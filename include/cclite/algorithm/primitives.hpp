@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <cclite/config.hpp>
 #include <cclite/core/bytes.hpp>
@@ -243,9 +244,19 @@ class primitives {
   }
 
   // Moves `bytes` through the links: waits for input (if `in`) and output
-  // space (if `out`), hands contiguous whole-element pieces to `body`.
+  // space (if `out`), hands contiguous whole-element pieces to `body`. The
+  // loop, with both links' calls inlined, is compiled once (pump_pieces); each
+  // verb's body is reached through a function pointer, one call per piece.
   template <class Body>
   status pump(std::size_t bytes, bool in, bool out, Body&& body) {
+    using B = std::remove_reference_t<Body>;
+    piece_fn call = [](void* b, const std::uint8_t* src, std::uint8_t* dst, std::size_t n, std::size_t off) {
+      (*static_cast<B*>(b))(src, dst, n, off);
+    };
+    return pump_pieces(bytes, in, out, call, const_cast<void*>(static_cast<const void*>(&body)));
+  }
+  using piece_fn = void (*)(void* body, const std::uint8_t* src, std::uint8_t* dst, std::size_t n, std::size_t off);
+  CCLITE_NOINLINE status pump_pieces(std::size_t bytes, bool in, bool out, piece_fn body, void* ctx) {
     std::size_t done = 0;
     int idle = 0;
     while (done < bytes) {
@@ -268,7 +279,7 @@ class primitives {
       }
       idle = 0;
       stalled_ = false;
-      body(src.data, dst.data, n, done);
+      body(ctx, src.data, dst.data, n, done);
       if (in) prev_.recv_consume(n);
       if (out) next_.send_commit(n);
       done += n;

@@ -152,7 +152,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     CCLITE_INFO(log_, "init: rank %d of %d, local rank %d of %d, %s", rank_, size_, topo_.local_rank(rank_),
                 topo_.local_size(rank_), topo_.describe(peers_).c_str());
     CCLITE_TRY(choose_transports());
-    pool_->links.resize(static_cast<std::size_t>(size_));
+    pool_->links = std::vector<link>(static_cast<std::size_t>(size_));  // built in place, never moved
     if (size_ > 1) {
       CCLITE_TRY(connect_ring(until));
       CCLITE_TRY(fit_chunk_to_buffers(until));
@@ -327,12 +327,11 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // Connects rank p unless the family already has a link to it.
   status connect_peer(int p, deadline until) {
     if (link_at(p).index() != 0) return {};
-    auto l = pool_->set->connect(pool_->choice[root(p)], static_cast<int>(root(p)), until);
-    if (!l) {
-      return status(l.error().code(), "connecting to " + peers_[static_cast<std::size_t>(p)].describe() + " via " +
-                                           transport_of(p) + ": " + l.error().message());
+    status st = pool_->set->connect(pool_->choice[root(p)], static_cast<int>(root(p)), until, link_at(p));
+    if (!st.ok()) {
+      return status(st.code(), "connecting to " + peers_[static_cast<std::size_t>(p)].describe() + " via " +
+                                   transport_of(p) + ": " + st.message());
     }
-    link_at(p) = std::move(l.value());
     return {};
   }
 

@@ -137,7 +137,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   status dispatch_kind(const op_desc& d, deadline until) {
     using ck = collective_kind;
     const std::size_t elem = K == ck::barrier ? 1 : size_of(d.type);
-    const reduction red = reduction_for(d.type, d.op);
+    const reduction red = d.kernels ? d.kernels(d.type, d.op) : reduction{};  // op.hpp: kernel_lookup
     const int n = size_, pos = topo_.ring_position(rank_);
     const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
     const auto* send = static_cast<const std::uint8_t*>(d.send);

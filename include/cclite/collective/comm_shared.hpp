@@ -226,7 +226,7 @@ CCLITE_SETUP_CODE_END
   status run_small_allreduce(const op_desc& d, const call_header* h, bool linkless, deadline until) {
     if constexpr (has_direct) {
       CCLITE_TRY(ensure_small(until));
-      const reduction red = reduction_for(d.type, d.op);
+      const reduction red = d.kernels ? d.kernels(d.type, d.op) : reduction{};  // a barrier: empty
       const std::size_t count = d.kind == collective_kind::barrier ? 0 : d.count;
       static_assert(call_header::compact_bytes == group_t::small_tag_bytes, "small tag size");
       std::uint8_t tag[call_header::compact_bytes];

@@ -114,22 +114,22 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
 
   /// recv[i] = send[i] (op) over all ranks. `send == recv` is the in-place form.
   status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return run(rooted<collective_kind::allreduce>(send, recv, count, t, op, 0));
+    return run(rooted<collective_kind::allreduce>(send, recv, count, t, op, 0, &reduction_for));
   }
   work allreduce_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return submit(rooted<collective_kind::allreduce>(send, recv, count, t, op, 0));
+    return submit(rooted<collective_kind::allreduce>(send, recv, count, t, op, 0, &reduction_for));
   }
   template <class T>
   status allreduce(const T* send, T* recv, std::size_t count, reduce_op op = reduce_op::sum) {
-    return allreduce(send, recv, count, dtype_of_v<T>, op);
+    return run(typed<collective_kind::allreduce>(send, recv, count, op, 0));
   }
   template <class T>
   status allreduce(T* data, std::size_t count, reduce_op op = reduce_op::sum) {
-    return allreduce(data, data, count, dtype_of_v<T>, op);
+    return run(typed<collective_kind::allreduce>(data, data, count, op, 0));
   }
   template <class T>
   work allreduce_async(T* data, std::size_t count, reduce_op op = reduce_op::sum) {
-    return allreduce_async(data, data, count, dtype_of_v<T>, op);
+    return submit(typed<collective_kind::allreduce>(data, data, count, op, 0));
   }
 
   /// Copies root's `count` elements of `buf` to every rank's `buf`.
@@ -147,10 +147,14 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// root's recv[i] = send[i] (op) over all ranks; other ranks' recv is not
   /// touched (may be null). `send == recv` on the root is in place.
   status reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
-    return run(rooted<collective_kind::reduce>(send, recv, count, t, op, root));
+    return run(rooted<collective_kind::reduce>(send, recv, count, t, op, root, &reduction_for));
   }
   work reduce_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
-    return submit(rooted<collective_kind::reduce>(send, recv, count, t, op, root));
+    return submit(rooted<collective_kind::reduce>(send, recv, count, t, op, root, &reduction_for));
+  }
+  template <class T>
+  status reduce(const T* send, T* recv, std::size_t count, reduce_op op, int root) {
+    return run(typed<collective_kind::reduce>(send, recv, count, op, root));
   }
 
   /// recv (size() * count elements) = every rank's `send` (count) in rank order.
@@ -176,10 +180,14 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// recv (count) = block rank() of every rank's send (size() * count), reduced.
   /// In place: recv == send + rank() * count.
   status reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return run(rooted<collective_kind::reduce_scatter>(send, recv, count, t, op, 0));
+    return run(rooted<collective_kind::reduce_scatter>(send, recv, count, t, op, 0, &reduction_for));
   }
   work reduce_scatter_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return submit(rooted<collective_kind::reduce_scatter>(send, recv, count, t, op, 0));
+    return submit(rooted<collective_kind::reduce_scatter>(send, recv, count, t, op, 0, &reduction_for));
+  }
+  template <class T>
+  status reduce_scatter(const T* send, T* recv, std::size_t count, reduce_op op = reduce_op::sum) {
+    return run(typed<collective_kind::reduce_scatter>(send, recv, count, op, 0));
   }
 
   /// Block r of `send` (count elements each) goes to rank r, block r of `recv`
@@ -433,11 +441,26 @@ CCLITE_SETUP_CODE_END
 
   // Each call names its kind at compile time: the op_desc carries the code
   // for that kind (op_desc::runner), compiled only for kinds the program calls.
+  // A reducing call also carries its kernels (op_desc::kernels): those of the
+  // element type for typed calls, reduction_for's table for a run-time dtype.
   template <collective_kind K>
-  static op_desc rooted(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
+  static op_desc rooted(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root,
+                        detail::kernel_lookup kernels = nullptr) {
     op_desc d = op_desc::of(K, send, recv, count, t, op, root);
     d.runner = &core::template run_kind<K>;
+    d.kernels = kernels;
     return d;
+  }
+  template <collective_kind K, class T>
+  static op_desc typed(const T* send, T* recv, std::size_t count, reduce_op op, int root) {
+    return rooted<K>(send, recv, count, dtype_of_v<T>, op, root, &detail::kernels_of<T>);
+  }
+  // hier_allreduce's calls on its children pass on the parent call's kernels.
+  template <class> friend class detail::hier_allreduce;
+  template <collective_kind K>
+  status run_with(const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
+                  detail::kernel_lookup kernels) {
+    return run(rooted<K>(send, recv, count, t, op, 0, kernels));
   }
   static op_desc sendrecv_desc(const void* send, std::size_t send_count, int dst, void* recv,
                                std::size_t recv_count, int src, dtype t) {

@@ -74,17 +74,22 @@ CCLITE_SETUP_CODE_END
     const auto* send = static_cast<const std::uint8_t*>(d.send);
     auto* recv = static_cast<std::uint8_t*>(d.recv);
     std::uint8_t* shard = recv + static_cast<std::size_t>(in_node.rank()) * q * elem;
+    // The children's calls carry the parent call's kernels (op.hpp: kernel_lookup).
+    auto allreduce = [&](Comm& c, std::uint8_t* p, std::size_t n) {
+      return c.template run_with<collective_kind::allreduce>(p, p, n, d.type, inner, d.kernels);
+    };
     if (q) {
-      CCLITE_TRY(step("reduce-scatter in the node", in_node.reduce_scatter(send, shard, q, d.type, inner)));
-      CCLITE_TRY(step("allreduce across nodes", across.allreduce(shard, shard, q, d.type, inner)));
+      CCLITE_TRY(step("reduce-scatter in the node", in_node.template run_with<collective_kind::reduce_scatter>(
+                                                        send, shard, q, d.type, inner, d.kernels)));
+      CCLITE_TRY(step("allreduce across nodes", allreduce(across, shard, q)));
       if (red.needs_divide) red.divide(shard, q, world);
       CCLITE_TRY(step("allgather in the node", in_node.allgather(shard, recv, q, d.type)));
     }
     if (tail) {
       std::uint8_t* t = recv + q * L * elem;
       if (send != recv) std::memcpy(t, send + q * L * elem, tail * elem);
-      CCLITE_TRY(step("tail in the node", in_node.allreduce(t, t, tail, d.type, inner)));
-      CCLITE_TRY(step("tail across nodes", across.allreduce(t, t, tail, d.type, inner)));
+      CCLITE_TRY(step("tail in the node", allreduce(in_node, t, tail)));
+      CCLITE_TRY(step("tail across nodes", allreduce(across, t, tail)));
       if (red.needs_divide) red.divide(t, tail, world);
     }
     return {};

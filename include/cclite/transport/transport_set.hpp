@@ -75,14 +75,21 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     return chosen;
   }
 
-  /// Connects to `peer` with transport number `index` (from choose()).
-  result<link> connect(int index, int peer, deadline until) {
-    result<link> out = status(errc::no_transport, "no transport");
+  /// Connects to `peer` with transport number `index` (from choose()) and
+  /// builds the link in `into` (which holds none), where it stays: a link
+  /// variant is never moved, which would compile a move of every
+  /// alternative into every such place.
+  status connect(int index, int peer, deadline until, link& into) {
+    status out(errc::no_transport, "no transport");
     for_each([&](auto& t, auto i) {
       if (static_cast<int>(i) != index) return;
       auto l = t.connect(peer, until);
-      if (!l) out = l.error();
-      else out = link(std::in_place_index<1 + decltype(i)::value>, std::move(l.value()));
+      if (!l) {
+        out = l.error();
+        return;
+      }
+      into.template emplace<1 + decltype(i)::value>(std::move(l.value()));
+      out = status{};
     });
     return out;
   }
