@@ -11,11 +11,12 @@
 // cudaStreamSynchronize. Prints the median, p10 and p90 per iteration (rank 0)
 // for device -> host, host -> device, and both, by size.
 //
-// H200, CUDA 13.0, 2 ranks without MPS (2026-12-04, docs/performance.md
-// "Session 15"): device -> host 10.7 us at every size; host -> device ~185-340
-// us below 64 KiB (bimodal: p10 16 us, p90 420 us) and 23 us at 64 KiB; the
-// host function of a staged call itself 5-26 us. So staged small calls pay for
-// the small host -> device copy, which waits for this process's GPU time slice.
+// H200, CUDA 13.0, 2 ranks sharing it without MPS (2026-12-04, two runs;
+// docs/performance.md "Session 15"): device -> host 9-10 us up to 16 KiB; host ->
+// device 169-185 us below 64 KiB (p10 143 us, p90 270 us) and 14-17 us at 64 KiB;
+// both on one stream 168-198 us at 8-512 B, 13-16 us from 4 KiB. One rank alone:
+// 7-12 us for all of them. Staged small calls pay for their small host ->
+// device copy, which waits for this process's turn on the time-sliced GPU.
 // Without a GPU: a message and exit code 77.
 #include <cclite/cclite.hpp>
 
