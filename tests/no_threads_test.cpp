@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/comm.hpp"
@@ -131,4 +132,46 @@ TEST_CASE("CCLITE_NO_THREADS: init() over the TCP rendezvous starts no thread on
     INFO("net ", test::to_string(n), ": ", r.describe());
     CHECK(r.all_ok());
   }
+}
+
+// Failure spreading without threads: rank 0 fails (abort), records it in the
+// store its helper process serves, and returns at once, so its process exits.
+// The helper must keep serving (rank 0 asked it to drain) until ranks 1 and 2,
+// calling 0.5 s later, have read the record: they name rank 0's abort instead
+// of only "store unreachable" or a closed link.
+TEST_CASE("CCLITE_NO_THREADS: the store's helper outlives a failed rank 0 until the others read its failure") {
+  const std::string port = std::to_string(free_port());
+  auto r = test::run_ranks(
+      3,
+      [&](int rank, int) {
+        auto comm = cclite::init();
+        MP_REQUIRE_OK(comm);
+        auto& c = *comm.value();
+        std::vector<float> x(1000, 1.0f);
+        if (rank == 0) {
+          c.abort();
+          (void)c.allreduce(x.data(), x.size());  // records the failure
+          return 0;                               // env_communicator asks the helper to drain
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // rank 0 has exited by then
+        const status st = c.allreduce(x.data(), x.size());
+        const std::string m = st.message();
+        if (st.ok() || m.find("the job's first failure") == std::string::npos || m.find("rank 0") == std::string::npos ||
+            m.find("aborted its communicator") == std::string::npos) {
+          std::fprintf(stderr, "rank %d: wanted rank 0's recorded abort, got: %s\n", rank, st.to_string().c_str());
+          return 1;
+        }
+        return 0;
+      },
+      std::chrono::seconds(120),
+      [&](int rank) {
+        test::set_net_env(net::shm_only, rank, 3);
+        ::setenv("RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", "3", 1);
+        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+        ::setenv("MASTER_PORT", port.c_str(), 1);
+        ::setenv("CCLITE_TIMEOUT", "20", 1);
+      });
+  INFO(r.describe());
+  CHECK(r.all_ok());
 }

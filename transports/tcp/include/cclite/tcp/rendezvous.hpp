@@ -25,20 +25,18 @@
 // message instead of mixing two jobs.
 //
 // Under CCLITE_NO_THREADS no process of the job runs a second thread: rank 0
-// forks one helper process that runs the store server's poll loop (and dies
-// with rank 0, PR_SET_PDEATHSIG), because the store must answer while rank 0
-// itself waits on links (ranks meet through it during init, split() and
-// failure spreading). A program that cannot fork hosts a store_server with
+// forks one helper process that runs the store server's poll loop, because
+// the store must answer while rank 0 itself waits on links (ranks meet
+// through it during init, split() and failure spreading). The helper ends
+// with rank 0's store, or drains it first after a failure
+// (serve_in_child_process). A program that cannot fork hosts a store_server with
 // background_thread = false itself and drives it with progress() / hook().
 #pragma once
 
-#include <signal.h>
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
-
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -187,20 +185,45 @@ result<bind_choice> bind_addresses_for(const std::string& host, bool bind_any, C
 
 #if defined(CCLITE_NO_THREADS)
 // Forks the process that serves `s` from now on (see the top); this process
-// keeps only its client. Errors: bootstrap_error when fork fails.
+// keeps its client, and `s` becomes its handle on the helper
+// (store_server::hand_over): a pipe whose write end it holds. The helper
+// serves until the pipe closes (the handle destroyed, or rank 0 gone, killed
+// or not), or, after a drain request down the pipe (drain_clients(): rank 0's
+// job failed), until the other ranks have disconnected, so they can still read
+// the failure record when rank 0 has left at once. Errors: bootstrap_error
+// when pipe or fork fails.
 inline status serve_in_child_process(store_server& s) {
   const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0)
-    return make_error(errc::bootstrap_error, "cannot fork the rendezvous store process (CCLITE_NO_THREADS): %s",
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0)
+    return make_error(errc::bootstrap_error, "cannot create the rendezvous store process's pipe: %s",
                       std::strerror(errno));
-  if (pid > 0) return {};
-#if defined(__linux__)
-  (void)::prctl(PR_SET_PDEATHSIG, SIGKILL);
-#endif
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    ::close(p[0]);
+    ::close(p[1]);
+    return make_error(errc::bootstrap_error, "cannot fork the rendezvous store process (CCLITE_NO_THREADS): %s",
+                      std::strerror(e));
+  }
+  if (pid > 0) {
+    ::close(p[0]);
+    s.hand_over(p[1]);
+    return {};
+  }
+  ::close(p[1]);
   for (;;) {
-    if (::getppid() != parent) ::_exit(0);  // rank 0 is gone (before prctl, or not Linux)
-    (void)s.progress(1000);
+    if (s.progress(200, p[0], POLLIN) != 0) {
+      unsigned char msg[5];
+      if (::read(p[0], msg, sizeof msg) == static_cast<ssize_t>(sizeof msg) && msg[0] == 'D') {
+        std::uint32_t ms = 0;
+        std::memcpy(&ms, msg + 1, sizeof ms);
+        s.drain_clients(deadline::after(milliseconds(ms)));
+      }
+      ::_exit(0);  // drained, or the pipe closed
+    }
+    // Rank 0 is gone but the pipe stayed open (a later fork of rank 0 holds its end).
+    if (::getppid() != parent) ::_exit(0);
   }
 }
 #endif
@@ -249,8 +272,7 @@ inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, 
     server = std::move(s.value());
     const unsigned bound_port = server->port();
 #if defined(CCLITE_NO_THREADS)
-    CCLITE_TRY(detail::serve_in_child_process(*server));
-    server.reset();  // this process's copies of the listening sockets; the helper keeps its own
+    CCLITE_TRY(detail::serve_in_child_process(*server));  // `server` is now the helper's handle
     const char* served_by = ", served by a helper process: CCLITE_NO_THREADS";
 #else
     const char* served_by = "";

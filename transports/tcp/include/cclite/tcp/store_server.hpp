@@ -140,9 +140,29 @@ class store_server {
   bool threaded() const noexcept { return threaded_; }
   /// Serves (or, with a background thread, waits) until no connection is open
   /// or `until` passes. For a host whose job failed: the other ranks read the
-  /// failure record before they disconnect (collective/init.hpp).
+  /// failure record before they disconnect (collective/init.hpp). A store
+  /// handed over to a helper process (hand_over()) asks the helper to do this
+  /// once this process has gone, and returns at once.
   void drain_clients(deadline until) {
+    if (helper_fd_ >= 0) {
+      unsigned char msg[5] = {'D'};  // then the milliseconds left, at most 10 minutes
+      const auto ms = static_cast<std::uint32_t>(until.remaining(milliseconds(600000)).count());
+      std::memcpy(msg + 1, &ms, sizeof ms);
+      (void)!::write(helper_fd_, msg, sizeof msg);  // one pipe write, atomic (< PIPE_BUF)
+      return;
+    }
     while (connections() > 0 && !until.expired()) (void)progress(5);
+  }
+
+  /// In the parent after fork() (tcp/rendezvous.hpp, CCLITE_NO_THREADS):
+  /// another process serves this store from now on. Closes this process's
+  /// copies of the listening sockets and keeps `helper_fd`, a pipe to the
+  /// helper, which drain_clients() writes to and whose closing (this object
+  /// destroyed, or the process gone) ends the helper.
+  void hand_over(int helper_fd) {
+    for (auto& l : listeners_) ::close(l.fd);
+    listeners_.clear();
+    helper_fd_ = helper_fd;
   }
 
   /// Without a background thread: serves whatever is ready, waiting at most
@@ -195,6 +215,7 @@ class store_server {
   std::thread thread_;
 #endif
   int wake_fd_[2] = {-1, -1};  // background thread: the destructor writes a byte to stop it
+  int helper_fd_ = -1;         // hand_over(): the pipe to the process serving this store
   std::atomic<bool> stopping_{false};
 
   // Touched by the serving thread only.
