@@ -239,4 +239,4 @@ class store_server {
 }  // namespace cclite::tcp
 CCLITE_SETUP_CODE_END
 
-#include <cclite/tcp/detail/store_session.hpp>
+#include <cclite/tcp/detail/store_session.hpp>  // and, at its end, detail/store_server_impl.hpp
