@@ -19,6 +19,7 @@
 //   CCLITE_RESTRICT       `__restrict` where the compiler has it: lets the
 //                         reduction loops vectorise without runtime alias checks.
 //   CCLITE_LIKELY(x) / CCLITE_UNLIKELY(x)
+//   CCLITE_NOINLINE       compiled once, not inlined or cloned (below)
 //   CCLITE_SETUP_CODE_BEGIN / _END  set-up code compiled for size (below)
 #pragma once
 
@@ -34,9 +35,6 @@
 #define CCLITE_HAS_EXCEPTIONS 0
 #endif
 
-// CCLITE_NOINLINE: a function compiled once, neither inlined nor cloned per
-// caller (GCC's noclone: no constant-propagated copies), for loops that many
-// callers share through a function pointer (primitives::pump).
 #if defined(__GNUC__) || defined(__clang__)
 #define CCLITE_RESTRICT __restrict
 #define CCLITE_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -46,6 +44,9 @@
 #define CCLITE_LIKELY(x) (x)
 #define CCLITE_UNLIKELY(x) (x)
 #endif
+// CCLITE_NOINLINE: a function compiled once, neither inlined nor cloned per
+// caller (GCC's noclone: no constant-propagated copies), for loops that many
+// callers share through a function pointer (primitives::pump).
 #if defined(__GNUC__) && !defined(__clang__)
 #define CCLITE_NOINLINE __attribute__((noinline, noclone))
 #elif defined(__clang__)
