@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "reference.hpp"
@@ -994,23 +995,39 @@ TEST_CASE("CUDA IPC path: ranks sharing a GPU without MPS stage their small coll
   CHECK(auto_ipc_min_bytes(true, true) == 0);
   CHECK(auto_ipc_min_bytes(false, false) == 0);
   CHECK(auto_ipc_min_bytes(false, true) == 0);
-  // MPS is found by its control pipe in CUDA_MPS_PIPE_DIRECTORY (a child: the
-  // variable must not leak into the other cases).
+  // MPS is found by its control daemon's files in CUDA_MPS_PIPE_DIRECTORY:
+  // the `control` socket and a pid file naming a live process. What a daemon
+  // leaves after `quit` (the socket alone) or a kill -9 (a dead pid) reads as
+  // absent (a child: the variable must not leak into the other cases).
   CHECK(in_child([] {
     char tmpl[] = "/tmp/cclite-mps-XXXXXX";
     const char* dir = ::mkdtemp(tmpl);
     MP_CHECK(dir != nullptr);
     ::setenv("CUDA_MPS_PIPE_DIRECTORY", dir, 1);
-    const bool before = cuda::detail::mps_daemon_present();
-    const std::string control = std::string(dir) + "/control";
-    std::FILE* f = std::fopen(control.c_str(), "w");
-    MP_CHECK(f != nullptr);
-    std::fclose(f);
-    const bool after = cuda::detail::mps_daemon_present();
+    const std::string control = std::string(dir) + "/control", pidfile = std::string(dir) + "/nvidia-cuda-mps-control.pid";
+    auto write = [](const std::string& path, const std::string& text) {
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      if (!f) return false;
+      std::fputs(text.c_str(), f);
+      return std::fclose(f) == 0;
+    };
+    const bool none = cuda::detail::mps_daemon_present();
+    MP_CHECK(write(control, ""));
+    const bool after_quit = cuda::detail::mps_daemon_present();
+    MP_CHECK(write(pidfile, std::to_string(::getpid())));  // as the daemon writes it: no newline
+    const bool running = cuda::detail::mps_daemon_present();
+    const pid_t gone = ::fork();
+    if (gone == 0) ::_exit(0);
+    MP_CHECK(gone > 0 && ::waitpid(gone, nullptr, 0) == gone);
+    MP_CHECK(write(pidfile, std::to_string(gone)));
+    const bool after_kill = cuda::detail::mps_daemon_present();
+    std::remove(pidfile.c_str());
     std::remove(control.c_str());
     ::rmdir(dir);
-    MP_CHECK(!before);
-    MP_CHECK(after);
+    MP_CHECK(!none);
+    MP_CHECK(!after_quit);
+    MP_CHECK(running);
+    MP_CHECK(!after_kill);
     return 0;
   }));
 }

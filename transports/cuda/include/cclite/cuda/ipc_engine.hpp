@@ -41,8 +41,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -51,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cclite/collective/op.hpp>
@@ -90,14 +93,26 @@ inline std::string ipc_ineligible_reason(const ipc_facts& f) {
   return {};
 }
 
-/// Whether an MPS control daemon seems to serve this process: its pipe
-/// directory ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps) holds the
-/// `control` pipe that MPS clients connect through. The runtime has no query
-/// for it; a stale directory after a crashed daemon reads as present.
+/// Whether an MPS control daemon serves this process's pipe directory
+/// ($CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps); the runtime has no query
+/// for it. What a daemon leaves there (H200, CUDA 13.0, docs/performance.md
+/// "Session 15"): running, the `control` socket and nvidia-cuda-mps-control.pid
+/// (its pid); after `quit`, `control` stays and the pid file is gone; after a
+/// kill -9, both stay. So: no `control`, or no pid file, is "absent"; a pid
+/// file whose process is not alive here is a crashed daemon, "absent". A pid
+/// alive here (or one this process may not signal) is "present"; so is a
+/// daemon in another pid namespace whose pid happens to exist here.
 inline bool mps_daemon_present() {
-  const char* dir = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  const std::string control = std::string(dir && *dir ? dir : "/tmp/nvidia-mps") + "/control";
-  return ::access(control.c_str(), F_OK) == 0;
+  const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string dir = env && *env ? env : "/tmp/nvidia-mps";
+  if (::access((dir + "/control").c_str(), F_OK) != 0) return false;
+  std::FILE* f = std::fopen((dir + "/nvidia-cuda-mps-control.pid").c_str(), "r");
+  if (!f) return false;  // quit cleanly: the socket file outlives it
+  long pid = 0;
+  const bool read = std::fscanf(f, "%ld", &pid) == 1;
+  std::fclose(f);
+  if (!read || pid <= 0) return true;  // unreadable: the old answer, the socket is there
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
 }
 
 /// The auto value of device_options::ipc_min_bytes. Processes that share a GPU
