@@ -34,10 +34,9 @@
 #pragma once
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
-#include <poll.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -186,17 +185,17 @@ result<bind_choice> bind_addresses_for(const std::string& host, bool bind_any, C
 #if defined(CCLITE_NO_THREADS)
 // Forks the process that serves `s` from now on (see the top); this process
 // keeps its client, and `s` becomes its handle on the helper
-// (store_server::hand_over): a pipe whose write end it holds. The helper
-// serves until the pipe closes (the handle destroyed, or rank 0 gone, killed
-// or not), or, after a drain request down the pipe (drain_clients(): rank 0's
+// (store_server::hand_over): one end of a socket pair. The helper serves
+// until that end closes (the handle destroyed, or rank 0 gone, killed or
+// not), or, after a drain request over it (drain_clients(): rank 0's
 // job failed), until the other ranks have disconnected, so they can still read
 // the failure record when rank 0 has left at once. Errors: bootstrap_error
-// when pipe or fork fails.
+// when socketpair or fork fails.
 inline status serve_in_child_process(store_server& s) {
   const pid_t parent = ::getpid();
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0)
-    return make_error(errc::bootstrap_error, "cannot create the rendezvous store process's pipe: %s",
+  int p[2];  // a socket pair, not a pipe: sends to a helper that died raise no SIGPIPE
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) != 0)
+    return make_error(errc::bootstrap_error, "cannot create the rendezvous store process's channel: %s",
                       std::strerror(errno));
   const pid_t pid = ::fork();
   if (pid < 0) {
@@ -220,9 +219,9 @@ inline status serve_in_child_process(store_server& s) {
         std::memcpy(&ms, msg + 1, sizeof ms);
         s.drain_clients(deadline::after(milliseconds(ms)));
       }
-      ::_exit(0);  // drained, or the pipe closed
+      ::_exit(0);  // drained, or rank 0's end closed
     }
-    // Rank 0 is gone but the pipe stayed open (a later fork of rank 0 holds its end).
+    // Rank 0 is gone but its end stayed open (a later fork of rank 0 holds it).
     if (::getppid() != parent) ::_exit(0);
   }
 }

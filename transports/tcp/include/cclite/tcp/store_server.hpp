@@ -148,7 +148,7 @@ class store_server {
       unsigned char msg[5] = {'D'};  // then the milliseconds left, at most 10 minutes
       const auto ms = static_cast<std::uint32_t>(until.remaining(milliseconds(600000)).count());
       std::memcpy(msg + 1, &ms, sizeof ms);
-      (void)!::write(helper_fd_, msg, sizeof msg);  // one pipe write, atomic (< PIPE_BUF)
+      (void)::send(helper_fd_, msg, sizeof msg, MSG_NOSIGNAL);  // a dead helper: EPIPE, no signal
       return;
     }
     while (connections() > 0 && !until.expired()) (void)progress(5);
@@ -156,9 +156,9 @@ class store_server {
 
   /// In the parent after fork() (tcp/rendezvous.hpp, CCLITE_NO_THREADS):
   /// another process serves this store from now on. Closes this process's
-  /// copies of the listening sockets and keeps `helper_fd`, a pipe to the
-  /// helper, which drain_clients() writes to and whose closing (this object
-  /// destroyed, or the process gone) ends the helper.
+  /// copies of the listening sockets and keeps `helper_fd`, this end of a
+  /// socket pair with the helper, which drain_clients() sends to and whose
+  /// closing (this object destroyed, or the process gone) ends the helper.
   void hand_over(int helper_fd) {
     for (auto& l : listeners_) ::close(l.fd);
     listeners_.clear();
@@ -215,7 +215,7 @@ class store_server {
   std::thread thread_;
 #endif
   int wake_fd_[2] = {-1, -1};  // background thread: the destructor writes a byte to stop it
-  int helper_fd_ = -1;         // hand_over(): the pipe to the process serving this store
+  int helper_fd_ = -1;         // hand_over(): the channel to the process serving this store
   std::atomic<bool> stopping_{false};
 
   // Touched by the serving thread only.

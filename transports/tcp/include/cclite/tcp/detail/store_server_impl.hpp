@@ -98,7 +98,7 @@ inline store_server::~store_server() {
   sessions_.clear();
   for (int fd : wake_fd_)
     if (fd >= 0) ::close(fd);
-  if (helper_fd_ >= 0) ::close(helper_fd_);  // the helper process sees the pipe close and ends
+  if (helper_fd_ >= 0) ::close(helper_fd_);  // the helper process sees its channel close and ends
   n_conn_.store(0);
 }
 
