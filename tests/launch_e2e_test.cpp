@@ -126,3 +126,28 @@ TEST_CASE("rank 0 hosts the store, fails and returns at once: the others still r
     CHECK(line.find("aborted its communicator") != std::string::npos);
   }
 }
+
+TEST_CASE("Open MPI's variables, one node: ranks meet with no rendezvous variable (store in the session directory)") {
+  // The variables Open MPI gives its ranks, set by hand: 3 workers that must
+  // find each other through the session directory alone.
+  char dir[] = "/tmp/cclite-e2e-session-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string env = std::string("env -u RANK -u WORLD_SIZE -u PMI_RANK -u SLURM_PROCID -u CCLITE_RANK "
+                                      "-u CCLITE_RDZV_ENDPOINT -u CCLITE_RDZV_DIR -u MASTER_ADDR -u MASTER_PORT "
+                                      "-u CCLITE_RDZV_ID -u SLURM_JOB_ID -u TORCHELASTIC_RUN_ID "
+                                      "CCLITE_TIMEOUT=60 OMPI_COMM_WORLD_SIZE=3 OMPI_COMM_WORLD_LOCAL_SIZE=3 "
+                                      "OMPI_MCA_ess_base_jobid=4242 PMIX_SERVER_TMPDIR=") + dir + " ";
+  std::string cmd;
+  for (int r = 0; r < 3; ++r)
+    cmd += env + "OMPI_COMM_WORLD_RANK=" + std::to_string(r) + " OMPI_COMM_WORLD_LOCAL_RANK=" +
+           std::to_string(r) + " " + bin_dir() + "/hello_allreduce & ";
+  run_out out = sh("(" + cmd + "wait)");
+  INFO(out.text);
+  std::size_t correct = 0;
+  for (std::size_t at = 0; (at = out.text.find("sum of ranks = 3 (correct)", at)) != std::string::npos; ++at)
+    ++correct;
+  CHECK(correct == 3);
+  CHECK(sh(std::string("test -d ") + dir + "/cclite-rdzv/4242").rc == 0);  // where they met
+  sh(std::string("rm -rf ") + dir);
+  // mpirun itself: tests/netns/mpirun_test.sh (step 3).
+}

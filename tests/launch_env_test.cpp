@@ -104,6 +104,58 @@ TEST_CASE("Open MPI") {
   CHECK(r->job_id == "12345");
 }
 
+TEST_CASE("Open MPI on one node: the file store goes in mpirun's session directory, nothing to set") {
+  const env_map one_node{{"OMPI_COMM_WORLD_RANK", "1"},
+                         {"OMPI_COMM_WORLD_SIZE", "4"},
+                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                         {"OMPI_MCA_ess_base_jobid", "1370095617"},
+                         {"PMIX_SERVER_TMPDIR", "/tmp/ompi.vm.0/pid.15700"}};
+  auto r = detect(one_node);
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->rdzv_host.empty());
+  CHECK(r->rdzv_dir == "/tmp/ompi.vm.0/pid.15700/cclite-rdzv");
+  CHECK(r->rdzv_dir_from == "mpirun's session directory");
+  CHECK(rdzv_store_dir(*r) == "/tmp/ompi.vm.0/pid.15700/cclite-rdzv/1370095617");
+
+  // Open MPI 4 without PMIx's variable: its job-family session directory.
+  env_map v4 = one_node;
+  v4.erase("PMIX_SERVER_TMPDIR");
+  v4["OMPI_MCA_orte_jobfam_session_dir"] = "/tmp/ompi.vm.0/pid.99";
+  CHECK(detect(v4)->rdzv_dir == "/tmp/ompi.vm.0/pid.99/cclite-rdzv");
+
+  // Open MPI 5 (PRRTE): no ess job id; the PMIx namespace names the job.
+  env_map v5 = one_node;
+  v5.erase("OMPI_MCA_ess_base_jobid");
+  v5["PMIX_NAMESPACE"] = "prterun-vm-15700@1";
+  r = detect(v5);
+  CHECK(r->job_id == "prterun-vm-15700@1");
+  CHECK(rdzv_store_dir(*r) == "/tmp/ompi.vm.0/pid.15700/cclite-rdzv/prterun-vm-15700_1");
+
+  // What the user set wins: an endpoint, or a directory.
+  r = detect(with(one_node, endpoint));
+  CHECK(r->rdzv_dir.empty());
+  CHECK(r->rdzv_host == "node0");
+  r = detect(with(one_node, {{"CCLITE_RDZV_DIR", "/shared/rdzv"}}));
+  CHECK(r->rdzv_dir == "/shared/rdzv");
+  CHECK(r->rdzv_dir_from.empty());
+
+  // Ranks on several nodes do not share the session directory: still an error
+  // that says what to set; so is a job with no session directory to use.
+  CHECK(contains(error_of(with(one_node, {{"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}})),
+                 "with mpirun: -x CCLITE_RDZV_ENDPOINT="));
+  env_map none = one_node;
+  none.erase("PMIX_SERVER_TMPDIR");
+  CHECK(contains(error_of(none), "has no rendezvous"));
+  // Only Open MPI's own count of local ranks counts (the other launchers' are
+  // hints or absent).
+  CHECK(contains(error_of({{"PMI_RANK", "1"},
+                           {"PMI_SIZE", "2"},
+                           {"MPI_LOCALNRANKS", "2"},
+                           {"PMIX_SERVER_TMPDIR", "/tmp/x"}}),
+                 "has no rendezvous"));
+}
+
 TEST_CASE("PMI (MPICH, Intel MPI)") {
   auto r = detect(with(endpoint, {{"PMI_RANK", "2"}, {"PMI_SIZE", "4"}}));
   REQUIRE_MESSAGE(r.ok(), r.error().to_string());

@@ -19,11 +19,17 @@
 //
 // Rendezvous: CCLITE_RDZV_ENDPOINT=host:port ([v6addr]:port for IPv6), else
 // MASTER_ADDR + MASTER_PORT; CCLITE_RDZV_DIR (a directory every node mounts)
-// is used when no endpoint is given. A job of one process needs neither.
+// is used when no endpoint is given. A job of one process needs neither, nor
+// does an Open MPI job whose ranks are all on one node
+// (OMPI_COMM_WORLD_LOCAL_SIZE = OMPI_COMM_WORLD_SIZE): its file store goes in
+// mpirun's session directory (PMIX_SERVER_TMPDIR, or Open MPI 4's
+// OMPI_MCA_orte_jobfam_session_dir), which mpirun creates for the run, shares
+// with every local rank and removes at the end, so `mpirun -np 4 ./app` works
+// as it does for an MPI program.
 // Job id (separates jobs sharing a store or a directory): CCLITE_RDZV_ID,
 // TORCHELASTIC_RUN_ID, SLURM_JOB_ID (".<SLURM_STEP_ID>" appended when set, so
-// that two srun steps of one job do not meet), OMPI_MCA_ess_base_jobid, else
-// "default". An empty variable counts as unset.
+// that two srun steps of one job do not meet), OMPI_MCA_ess_base_jobid,
+// PMIX_NAMESPACE, else "default". An empty variable counts as unset.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +56,9 @@ struct launch_info {
   std::uint16_t rdzv_port = 0;
   /// Shared directory for a file store; empty if none.
   std::string rdzv_dir;
+  /// Where rdzv_dir came from when no variable named it ("mpirun's session
+  /// directory"); empty when it came from CCLITE_RDZV_DIR or is empty.
+  std::string rdzv_dir_from;
   std::string job_id;
   /// The variables rank and size came from ("RANK/WORLD_SIZE"), for messages.
   std::string source;
@@ -235,6 +244,17 @@ inline result<launch_info> detect_launch(const env_getter& get) {
     }
   }
   if (const char* d = env_value(get, "CCLITE_RDZV_DIR")) li.rdzv_dir = d;
+  if (li.size > 1 && li.rdzv_host.empty() && li.rdzv_dir.empty() && src == &sources[2] &&
+      li.local_size == li.size) {
+    // mpirun, whole job on this node (its own count, not a guess): the run's
+    // session directory is private to it and seen by every rank (above).
+    const char* session = env_value(get, "PMIX_SERVER_TMPDIR");
+    if (!session) session = env_value(get, "OMPI_MCA_orte_jobfam_session_dir");
+    if (session) {
+      li.rdzv_dir = std::string(session) + "/cclite-rdzv";
+      li.rdzv_dir_from = "mpirun's session directory";
+    }
+  }
   if (li.size > 1 && li.rdzv_host.empty() && li.rdzv_dir.empty()) {
     // How to pass a variable to every rank depends on the launcher: say it in its terms.
     const char* how = "";
@@ -261,6 +281,8 @@ inline result<launch_info> detect_launch(const env_getter& get) {
     if (const char* step = env_value(get, "SLURM_STEP_ID")) li.job_id += std::string(".") + step;
   } else if (const char* o = env_value(get, "OMPI_MCA_ess_base_jobid")) {
     li.job_id = o;
+  } else if (const char* ns = env_value(get, "PMIX_NAMESPACE")) {
+    li.job_id = ns;
   } else {
     li.job_id = "default";
   }

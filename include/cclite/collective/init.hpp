@@ -5,7 +5,8 @@
 // Reads rank and size from whichever launcher started the process (see
 // bootstrap/launch_env.hpp), meets the other ranks at CCLITE_RDZV_ENDPOINT /
 // MASTER_ADDR:MASTER_PORT (rank 0 hosts a TCP store there; needs cclite::tcp)
-// or in CCLITE_RDZV_DIR (file store on a shared directory), then connects.
+// or in CCLITE_RDZV_DIR (file store on a shared directory; for mpirun on one
+// node, its session directory), then connects.
 // Errors: bootstrap_error with one line saying what to set; timeout.
 #pragma once
 
@@ -98,7 +99,7 @@ result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
                         "CCLITE_RDZV_DIR to a directory every rank can see");
     }
     (void)until;  // the file store bounds each wait itself
-    auto s = file_store::open(li.value().rdzv_dir + "/" + li.value().job_id);
+    auto s = file_store::open(rdzv_store_dir(li.value()));
     if (!s) return s.error();
     out.store_ = std::move(s.value());
 #endif
@@ -106,6 +107,11 @@ result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
   auto c = Comm::create(*out.store_, li.value().rank, li.value().size, opts);
   if (!c) return c.error();
   out.comm_ = std::move(c.value());
+  const launch_info& l = out.launch_;
+  if (l.rank == 0 && l.size > 1 && l.rdzv_host.empty())
+    out.comm_->log().log(log_level::info, "init: launcher %s, file store in %s%s%s%s", l.launcher.c_str(),
+                         rdzv_store_dir(l).c_str(), l.rdzv_dir_from.empty() ? "" : " (",
+                         l.rdzv_dir_from.c_str(), l.rdzv_dir_from.empty() ? "" : ")");
   return out;
 }
 

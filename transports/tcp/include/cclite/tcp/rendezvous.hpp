@@ -2,7 +2,9 @@
 //
 // open_store() turns a launch_info (bootstrap/launch_env.hpp) into a store:
 //   - a job of one process: an in-process memory_store (nothing to meet);
-//   - no endpoint but CCLITE_RDZV_DIR: a file_store in <dir>/<job id>;
+//   - no endpoint but a directory (CCLITE_RDZV_DIR, or mpirun's session
+//     directory for a one-node Open MPI job: launch_env.hpp): a file_store in
+//     <dir>/<job id>;
 //   - otherwise TCP: rank 0 starts a store_server on the endpoint's port, and
 //     every rank, rank 0 included, connects a store_client to host:port.
 //
