@@ -165,6 +165,22 @@ TEST_CASE("file_store semantics") {
   CHECK(fs2.value()->get("a", deadline::never()).value() == "two");
 }
 
+TEST_CASE("file_store polls a local filesystem faster than a shared one") {
+  // /dev/shm is tmpfs on every Linux: local, 5 ms between polls at most.
+  char dir[] = "/dev/shm/cclite-store-test-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  auto fs = file_store::open(std::string(dir) + "/store");
+  REQUIRE_MESSAGE(fs.ok(), fs.error().to_string());
+  CHECK(fs.value()->poll_cap() == milliseconds(5));
+  fs.value().reset();
+  std::system((std::string("rm -rf ") + dir).c_str());
+  // Network filesystems keep 50 ms: NFS, Lustre, GPFS, CIFS, FUSE.
+  for (unsigned long t : {0x6969ul, 0x0bd00bd0ul, 0x47504653ul, 0xff534d42ul, 0x65735546ul})
+    CHECK_FALSE(file_store::local_filesystem(t));
+  for (unsigned long t : {0x01021994ul, 0xef53ul, 0x58465342ul, 0x9123683eul})
+    CHECK(file_store::local_filesystem(t));
+}
+
 TEST_CASE("file_store reports an unusable directory") {
   test::temp_dir tmp;
   std::string file = tmp.path + "/plain-file";

@@ -4,7 +4,11 @@
 // cluster, NFS, Lustre) but no one wants to pick a port: every key is one file.
 //   - set writes a unique temporary file and rename()s it over the key's file,
 //     so a reader sees the old value or the new one, never half of one;
-//   - get / wait poll for the file with backoff (1 ms doubling to 50 ms);
+//   - get / wait poll for the file with backoff, 1 ms doubling to 50 ms, or
+//     to 5 ms on a filesystem known to be local (tmpfs, ext4, xfs, btrfs...:
+//     mpirun's session directory, a one-node CCLITE_RDZV_DIR), where polling
+//     costs no server anything (8 ranks under mpirun: init 0.12 s slower than
+//     with the TCP store at 50 ms, within 0.03 s of it at 5 ms);
 //   - add is a read-modify-write under flock() on `<dir>/.lock` (Linux NFS
 //     maps flock to byte-range locks, so it holds across nodes).
 // Key bytes are mapped to safe file names ("k_" + bytes outside [A-Za-z0-9_-]
@@ -26,6 +30,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,6 +83,9 @@ class file_store final : public store {
     if (::stat(dir.c_str(), &st) != 0) return fail("stat", errno);
     if (!S_ISDIR(st.st_mode)) return fail("not a directory", ENOTDIR);
     std::unique_ptr<file_store> fs(new file_store(dir, op_timeout));
+    struct statfs sfs {};
+    if (::statfs(dir.c_str(), &sfs) == 0 && local_filesystem(static_cast<unsigned long>(sfs.f_type)))
+      fs->poll_cap_ = milliseconds(5);
     std::string probe = fs->temp_name();
     int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0) return fail("not writable", errno);
@@ -87,6 +95,28 @@ class file_store final : public store {
   }
 
   const std::string& dir() const noexcept { return dir_; }
+
+  /// Longest pause between two polls of a key (see above).
+  milliseconds poll_cap() const noexcept { return poll_cap_; }
+
+  /// Whether statfs's f_type names a filesystem on this machine's own
+  /// memory or disks. Anything else (NFS, Lustre, GPFS, CIFS, FUSE, ...)
+  /// counts as shared and is polled gently.
+  static bool local_filesystem(unsigned long f_type) noexcept {
+    switch (f_type) {
+      case 0x01021994:  // tmpfs
+      case 0x858458f6:  // ramfs
+      case 0xef53:      // ext2/3/4
+      case 0x58465342:  // xfs
+      case 0x9123683e:  // btrfs
+      case 0xf2f52010:  // f2fs
+      case 0x2fc12fc1:  // zfs
+      case 0x794c7630:  // overlayfs
+        return true;
+      default:
+        return false;
+    }
+  }
 
   /// The file that holds `key` (for tests and debugging).
   std::string path_of(const std::string& key) const { return dir_ + "/" + file_name(key); }
@@ -298,9 +328,9 @@ class file_store final : public store {
     return true;
   }
 
-  static void pause(milliseconds& backoff, deadline until) {
+  void pause(milliseconds& backoff, deadline until) const {
     std::this_thread::sleep_for(std::min(backoff, until.remaining()));
-    backoff = std::min(backoff * 2, milliseconds(50));
+    backoff = std::min(backoff * 2, poll_cap_);
   }
 
   static status check_sizes(const std::string& key, std::size_t value_len) {
@@ -356,6 +386,7 @@ class file_store final : public store {
 
   std::string dir_;
   milliseconds op_timeout_;
+  milliseconds poll_cap_{50};  // 5 ms on a local filesystem (open())
   std::string tag_;
   std::uint64_t seq_ = 0;
 };
