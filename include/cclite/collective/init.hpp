@@ -109,9 +109,9 @@ result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
   out.comm_ = std::move(c.value());
   const launch_info& l = out.launch_;
   if (l.rank == 0 && l.size > 1 && l.rdzv_host.empty())
-    out.comm_->log().log(log_level::info, "init: launcher %s, file store in %s%s%s%s", l.launcher.c_str(),
-                         rdzv_store_dir(l).c_str(), l.rdzv_dir_from.empty() ? "" : " (",
-                         l.rdzv_dir_from.c_str(), l.rdzv_dir_from.empty() ? "" : ")");
+    CCLITE_INFO(out.comm_->log(), "init: launcher %s, file store in %s%s%s%s", l.launcher.c_str(),
+                rdzv_store_dir(l).c_str(), l.rdzv_dir_from.empty() ? "" : " (", l.rdzv_dir_from.c_str(),
+                l.rdzv_dir_from.empty() ? "" : ")");
   return out;
 }
 
