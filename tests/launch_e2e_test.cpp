@@ -3,6 +3,9 @@
 // shm / tcp links). Checks hello_allreduce and allreduce_perf's #wrong column.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +14,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <cclite/bootstrap/launch_env.hpp>  // slurm_port: the port the tasks derive
 
 namespace {
 
@@ -150,4 +155,51 @@ TEST_CASE("Open MPI's variables, one node: ranks meet with no rendezvous variabl
   CHECK(sh(std::string("test -d ") + dir + "/cclite-rdzv/4242").rc == 0);  // where they met
   sh(std::string("rm -rf ") + dir);
   // mpirun itself: tests/netns/mpirun_test.sh (step 3).
+}
+
+TEST_CASE("srun's variables, no endpoint: ranks meet on the step's first node at a port from the job id") {
+  // The variables srun gives its tasks, set by hand (there is no Slurm here):
+  // 3 tasks on one node named localhost. The job id comes from this test's
+  // pid, so parallel runs derive different ports.
+  const std::string job = std::to_string(::getpid());
+  const std::string env = "env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u CCLITE_RANK "
+                          "-u CCLITE_RDZV_ENDPOINT -u CCLITE_RDZV_DIR -u MASTER_ADDR -u MASTER_PORT "
+                          "-u CCLITE_RDZV_ID -u TORCHELASTIC_RUN_ID -u SLURM_NODELIST -u SLURM_JOB_NODELIST "
+                          "CCLITE_TIMEOUT=60 CCLITE_DEBUG=INFO SLURM_NTASKS=3 SLURM_JOB_ID=" + job +
+                          " SLURM_STEP_ID=0 SLURM_STEP_NODELIST=localhost SLURMD_NODENAME=localhost ";
+  std::string cmd;
+  for (int r = 0; r < 3; ++r)
+    cmd += env + "SLURM_PROCID=" + std::to_string(r) + " SLURM_LOCALID=" + std::to_string(r) + " " + bin_dir() +
+           "/hello_allreduce & ";
+  run_out out = sh("(" + cmd + "wait)");
+  INFO(out.text);
+  std::size_t correct = 0;
+  for (std::size_t at = 0; (at = out.text.find("sum of ranks = 3 (correct)", at)) != std::string::npos; ++at)
+    ++correct;
+  CHECK(correct == 3);
+  CHECK(out.text.find("srun: the first node of SLURM_STEP_NODELIST='localhost' and a port "
+                      "from SLURM_JOB_ID.SLURM_STEP_ID") != std::string::npos);  // rank 0's INFO line
+
+  // That port taken (another job's store, say): rank 0 names the port, where
+  // it came from and what to set; the other rank gives up at its deadline.
+  const std::uint16_t port = cclite::detail::slurm_port(job.c_str(), "1");
+  const int busy = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(busy >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(busy, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(busy, 8) == 0);
+  cmd.clear();
+  for (int r = 0; r < 2; ++r)
+    cmd += env + "SLURM_NTASKS=2 SLURM_STEP_ID=1 CCLITE_TIMEOUT=3 SLURM_PROCID=" + std::to_string(r) + " " +
+           bin_dir() + "/hello_allreduce & ";
+  out = sh("(" + cmd + "wait)");
+  ::close(busy);
+  INFO(out.text);
+  CHECK(out.text.find("Address already in use") != std::string::npos);
+  CHECK(out.text.find("[endpoint localhost:" + std::to_string(port) +
+                      " chosen for srun: the first node of SLURM_STEP_NODELIST='localhost'") != std::string::npos);
+  CHECK(out.text.find("export MASTER_PORT or CCLITE_RDZV_ENDPOINT=host:port before srun]") != std::string::npos);
 }

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <map>
+#include <set>
 #include <string>
 
 #include <cclite/bootstrap/launch_env.hpp>
@@ -193,6 +194,94 @@ TEST_CASE("Slurm") {
   CHECK(detect(env)->local_size == -1);
 }
 
+TEST_CASE("Slurm without an endpoint: the ranks meet on the step's first node") {
+  // What srun gives each task; no CCLITE_RDZV_ENDPOINT, MASTER_ADDR or directory.
+  const env_map srun{{"SLURM_PROCID", "5"},          {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "1"},
+                     {"SLURM_JOB_ID", "123456"},     {"SLURM_STEP_ID", "0"},
+                     {"SLURM_JOB_NODELIST", "gpu[07-10]"}, {"SLURM_STEP_NODELIST", "gpu[08-09]"},
+                     {"SLURMD_NODENAME", "gpu09"}};
+  auto r = detect(srun);
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->rdzv_host == "gpu08");  // the step's first node, not the job's
+  CHECK(r->rdzv_port == 20000 + 3456);
+  CHECK(r->rdzv_dir.empty());
+  CHECK(contains(r->rdzv_endpoint_from, "SLURM_STEP_NODELIST='gpu[08-09]'"));
+  CHECK(contains(r->rdzv_endpoint_from, "a port from SLURM_JOB_ID.SLURM_STEP_ID"));
+
+  // Without a step list (an older Slurm, or sbatch's own step), the job's.
+  env_map e = srun;
+  e.erase("SLURM_STEP_NODELIST");
+  CHECK(detect(e)->rdzv_host == "gpu07");
+  e.erase("SLURM_JOB_NODELIST");
+  e["SLURM_NODELIST"] = "n1";
+  CHECK(detect(e)->rdzv_host == "n1");
+
+  // Concurrent steps of one job get different ports; so do neighbouring jobs.
+  e = srun;
+  std::set<int> ports;
+  for (const char* step : {"0", "1", "2", "3"}) {
+    e["SLURM_STEP_ID"] = step;
+    ports.insert(detect(e)->rdzv_port);
+  }
+  e["SLURM_STEP_ID"] = "0";
+  e["SLURM_JOB_ID"] = "123457";
+  ports.insert(detect(e)->rdzv_port);
+  CHECK(ports.size() == 5);
+  for (int p : ports) CHECK((p >= 20000 && p < 30000));  // below the ephemeral range
+  e["SLURM_JOB_ID"] = "job-x";  // not a number: hashed, still in range
+  CHECK((detect(e)->rdzv_port >= 20000 && detect(e)->rdzv_port < 30000));
+
+  // MASTER_PORT picks the port; the host still comes from the node list.
+  r = detect(with(srun, {{"MASTER_PORT", "29500"}}));
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->rdzv_host == "gpu08");
+  CHECK(r->rdzv_port == 29500);
+  CHECK(contains(r->rdzv_endpoint_from, "MASTER_PORT"));
+  // Anything the user named wins: an endpoint, MASTER_ADDR:MASTER_PORT, a directory.
+  r = detect(with(srun, endpoint));
+  CHECK(r->rdzv_host == "node0");
+  CHECK(r->rdzv_endpoint_from.empty());
+  r = detect(with(srun, {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}}));
+  CHECK(r->rdzv_host == "10.0.0.1");
+  CHECK(r->rdzv_endpoint_from.empty());
+  r = detect(with(srun, {{"CCLITE_RDZV_DIR", "/shared/rdzv"}}));
+  CHECK(r->rdzv_host.empty());
+  CHECK(r->rdzv_dir == "/shared/rdzv");
+  // One task needs no store at all.
+  r = detect(with(srun, {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURMD_NODENAME", "gpu08"}}));
+  CHECK(r->rdzv_host.empty());
+  // Other launchers' ranks never read Slurm's node list (a job started by
+  // mpirun inside an allocation has its own rules).
+  auto m = error_of(with(srun, {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}}));
+  CHECK(contains(m, "has no rendezvous"));
+
+  // Rank 0 must run on that node (srun's block and cyclic distributions put it
+  // there); elsewhere (-m arbitrary) it says so instead of letting the others wait.
+  std::string err = error_of(with(srun, {{"SLURM_PROCID", "0"}, {"SLURMD_NODENAME", "gpu09"}}));
+  CHECK(contains(err, "rank 0 runs on node 'gpu09', not on 'gpu08'"));
+  CHECK(contains(err, "CCLITE_RDZV_ENDPOINT=gpu09:<port>"));
+  r = detect(with(srun, {{"SLURM_PROCID", "0"}, {"SLURMD_NODENAME", "gpu08"}}));
+  CHECK(r.ok());
+
+  err = error_of(with(srun, {{"SLURM_STEP_NODELIST", "gpu[08-09"}}));
+  CHECK(contains(err, "cannot read the first node of SLURM_STEP_NODELIST='gpu[08-09'"));
+}
+
+TEST_CASE("Slurm host lists: the first host") {
+  using detail::slurm_first_host;
+  CHECK(slurm_first_host("node01") == "node01");
+  CHECK(slurm_first_host("node1,node2") == "node1");
+  CHECK(slurm_first_host("node[01-04,07],login1") == "node01");
+  CHECK(slurm_first_host("node[08,01-04]") == "node08");  // as written, not sorted
+  CHECK(slurm_first_host("rack[1-2]-n[3-4]") == "rack1-n3");
+  CHECK(slurm_first_host("n[1-2]-ib,m3") == "n1-ib");
+  CHECK(slurm_first_host("node[1-2").empty());
+  CHECK(slurm_first_host("node[]").empty());
+  CHECK(slurm_first_host("node]1").empty());
+  CHECK(slurm_first_host("").empty());
+}
+
 TEST_CASE("precedence: explicit > torchrun > Open MPI > PMI > Slurm") {
   env_map all = with(endpoint, {{"CCLITE_RANK", "0"},
                                 {"CCLITE_WORLD_SIZE", "2"},
@@ -270,7 +359,8 @@ TEST_CASE("errors: no rendezvous is explained in the launcher's own terms") {
   CHECK(contains(e, "has no rendezvous: set CCLITE_RDZV_ENDPOINT=host:port"));
   CHECK(contains(e, "CCLITE_RDZV_DIR=/shared/dir"));
   CHECK(contains(e, "with mpirun: -x CCLITE_RDZV_ENDPOINT="));
-  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}), "with srun: export CCLITE_RDZV_ENDPOINT="));
+  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}),
+                 "with srun: neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST"));
   CHECK(contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}), "with mpiexec: -genv CCLITE_RDZV_ENDPOINT"));
   CHECK(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}).find('\n') == std::string::npos);
 }

@@ -23,6 +23,9 @@
 #                 and the restarted workers pass every check
 #   rdzv_id       an agent of another --rdzv-id at the same endpoint is
 #                 refused; the job itself completes
+#   srun          2 nodes x 2 ranks started as srun starts them (its variables,
+#                 no cclite-run, no endpoint): the ranks meet on the first node
+#                 of SLURM_STEP_NODELIST=node[0-1] at a port from the job id
 #
 # Exit 0 pass, 1 fail, 77 skipped (not root, no ip netns). Every wait is
 # bounded; the namespaces go away on any exit. Needs CCLITE_BIN_DIR (ctest sets it).
@@ -260,8 +263,35 @@ rdzv_id)
   RC_1=$NODE_RC_1
   check_collectives 2 1
   ;;
+srun)
+  nodes_up 2
+  nodes_hosts  # node0 resolves its own name to 127.0.1.1, as on a Debian node
+  # What slurmstepd gives each task (there is no Slurm here); two tasks per node.
+  i=0
+  while [ "$i" -lt 2 ]; do
+    node_run "$i" "$LOGS/node$i.log" env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT \
+      -u CCLITE_RDZV_ENDPOINT -u CCLITE_RDZV_DIR CCLITE_DEBUG=INFO CCLITE_TIMEOUT=60 \
+      SLURM_NTASKS=4 SLURM_NTASKS_PER_NODE=2 SLURM_JOB_ID="$$" SLURM_STEP_ID=0 SLURM_NODEID="$i" \
+      SLURM_JOB_NODELIST="node[0-1]" SLURM_STEP_NODELIST="node[0-1]" SLURMD_NODENAME="node$i" \
+      sh -c 'SLURM_PROCID=$(($1 * 2)) SLURM_LOCALID=0 "$0" --count 65536 & a=$!
+             SLURM_PROCID=$(($1 * 2 + 1)) SLURM_LOCALID=1 "$0" --count 65536 & b=$!
+             wait $a; x=$?; wait $b; y=$?; [ $x = 0 ] && [ $y = 0 ]' "$BIN/collectives_check" "$i"
+    i=$((i + 1))
+  done
+  node_wait 0 150
+  node_wait 1 30
+  RC_0=$NODE_RC_0
+  RC_1=$NODE_RC_1
+  check_collectives 2 2
+  grep_log "$LOGS/node0.log" "rendezvous store listening on $(node_addr 0), 127.0.1.1 port [0-9]* (.*srun: the first node of SLURM_STEP_NODELIST='node\[0-1\]' and a port from SLURM_JOB_ID.SLURM_STEP_ID)" \
+    "rank 0 hosts the store on node0 (its interface and the loopback its name resolves to), at the derived port"
+  for i in 0 1; do
+    grep_log "$LOGS/node$i.log" "(node$((1 - i)), pid [0-9]*): via tcp" "node $i: tcp to the other node"
+    grep_log "$LOGS/node$i.log" "(node$i, pid [0-9]*): via shm" "node $i: shm inside the node"
+  done
+  ;;
 *)
-  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|elastic|rdzv_id"
+  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|elastic|rdzv_id|srun"
   exit 2
   ;;
 esac

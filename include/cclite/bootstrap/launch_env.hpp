@@ -25,7 +25,11 @@
 // mpirun's session directory (PMIX_SERVER_TMPDIR, or Open MPI 4's
 // OMPI_MCA_orte_jobfam_session_dir), which mpirun creates for the run, shares
 // with every local rank and removes at the end, so `mpirun -np 4 ./app` works
-// as it does for an MPI program.
+// as it does for an MPI program. Nor does an srun job: its ranks meet on
+// the step's first node (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST; task 0
+// runs there under srun's block and cyclic distributions, and rank 0 checks
+// SLURMD_NODENAME) at MASTER_PORT when set, else a port derived from the job
+// and step ids (slurm_port below), as PyTorch Lightning does on Slurm.
 // Job id (separates jobs sharing a store or a directory): CCLITE_RDZV_ID,
 // TORCHELASTIC_RUN_ID, SLURM_JOB_ID (".<SLURM_STEP_ID>" appended when set, so
 // that two srun steps of one job do not meet), OMPI_MCA_ess_base_jobid,
@@ -59,6 +63,10 @@ struct launch_info {
   /// Where rdzv_dir came from when no variable named it ("mpirun's session
   /// directory"); empty when it came from CCLITE_RDZV_DIR or is empty.
   std::string rdzv_dir_from;
+  /// Where rdzv_host / rdzv_port came from when no variable named them (an
+  /// srun job: "the first node of SLURM_STEP_NODELIST, port from ..."), for
+  /// messages; empty otherwise.
+  std::string rdzv_endpoint_from;
   std::string job_id;
   /// The variables rank and size came from ("RANK/WORLD_SIZE"), for messages.
   std::string source;
@@ -144,6 +152,46 @@ inline status parse_endpoint(const char* text, std::string& host, std::uint16_t&
   return parse_port(what.c_str(), port_text.c_str(), port);
 }
 
+// The first host of a Slurm hostlist: "node[01-04,07],login1" -> "node01",
+// "rack[1-2]-n[3-4]" -> "rack1-n3". The first comma-separated item, each
+// bracket replaced by its first number as written (zero padding kept).
+// Empty when the list is malformed.
+inline std::string slurm_first_host(const char* list) {
+  std::string host;
+  for (const char* p = list; *p && *p != ','; ++p) {
+    if (*p == ']') return {};
+    if (*p != '[') {
+      host += *p;
+      continue;
+    }
+    const char* digits = ++p;
+    while (*p >= '0' && *p <= '9') ++p;
+    if (p == digits) return {};
+    host.append(digits, p);
+    while (*p && *p != ']') ++p;
+    if (!*p) return {};
+  }
+  return host;
+}
+
+// The store's port for an srun job that names none: in 20000..29999, below
+// Linux's ephemeral ports (32768 up), so it does not collide with outgoing
+// connections; different for each step of a job (1021 is prime to 10000, so
+// steps 0..9999 differ) and for consecutive job ids. A non-numeric id is hashed.
+inline std::uint16_t slurm_port(const char* job_id, const char* step_id) {
+  auto mod10k = [](const char* s) {
+    unsigned long long v = 0, h = 1469598103934665603ull;  // FNV-1a, for a non-numeric id
+    bool numeric = s && *s;
+    for (const char* p = s; p && *p; ++p) {
+      numeric = numeric && *p >= '0' && *p <= '9';
+      v = (v * 10 + static_cast<unsigned>(*p - '0')) % 10000;
+      h = (h ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+    }
+    return numeric ? v : h % 10000;
+  };
+  return static_cast<std::uint16_t>(20000 + (mod10k(job_id) + 1021 * mod10k(step_id)) % 10000);
+}
+
 struct launch_source {
   const char* launcher;
   const char *rank, *size, *local_rank, *local_size, *node_rank;
@@ -223,16 +271,26 @@ inline result<launch_info> detect_launch(const env_getter& get) {
                       src->local_size ? src->local_size : "SLURM_NTASKS_PER_NODE", li.local_size, src->size,
                       li.size);
 
+  if (const char* d = env_value(get, "CCLITE_RDZV_DIR")) li.rdzv_dir = d;
   if (const char* ep = env_value(get, "CCLITE_RDZV_ENDPOINT")) {
     CCLITE_TRY(detail::parse_endpoint(ep, li.rdzv_host, li.rdzv_port));
   } else {
     const char* addr = env_value(get, "MASTER_ADDR");
     const char* port = env_value(get, "MASTER_PORT");
+    // srun: the step's nodes (a step may use fewer nodes than the job).
+    const char* nodes_var = nullptr;
+    const char* nodes = nullptr;
+    if (src == &sources[4])
+      for (const char* v : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
+        if ((nodes = env_value(get, v))) {
+          nodes_var = v;
+          break;
+        }
     if (addr && !port)
       return make_error(errc::bootstrap_error,
                         "cclite: MASTER_ADDR is set but MASTER_PORT is not; set both, or "
                         "CCLITE_RDZV_ENDPOINT=host:port");
-    if (port && !addr)
+    if (port && !addr && !nodes)
       return make_error(errc::bootstrap_error,
                         "cclite: MASTER_PORT is set but MASTER_ADDR is not; set both, or "
                         "CCLITE_RDZV_ENDPOINT=host:port");
@@ -241,9 +299,32 @@ inline result<launch_info> detect_launch(const env_getter& get) {
       if (li.rdzv_host.size() > 2 && li.rdzv_host.front() == '[' && li.rdzv_host.back() == ']')
         li.rdzv_host = li.rdzv_host.substr(1, li.rdzv_host.size() - 2);
       CCLITE_TRY(detail::parse_port("MASTER_PORT", port, li.rdzv_port));
+    } else if (nodes && li.size > 1 && (port || li.rdzv_dir.empty())) {
+      // srun and no endpoint: meet on the step's first node, where srun puts task 0.
+      li.rdzv_host = detail::slurm_first_host(nodes);
+      if (li.rdzv_host.empty())
+        return make_error(errc::bootstrap_error,
+                          "cclite: cannot read the first node of %s='%s'; set CCLITE_RDZV_ENDPOINT=host:port "
+                          "before srun",
+                          nodes_var, nodes);
+      const char* job = env_value(get, "SLURM_JOB_ID");
+      const char* step = env_value(get, "SLURM_STEP_ID");
+      if (port)
+        CCLITE_TRY(detail::parse_port("MASTER_PORT", port, li.rdzv_port));
+      else
+        li.rdzv_port = detail::slurm_port(job, step);
+      li.rdzv_endpoint_from = std::string("srun: the first node of ") + nodes_var + "='" + nodes + "' and " +
+                              (port ? "MASTER_PORT" : "a port from SLURM_JOB_ID.SLURM_STEP_ID");
+      // Under another distribution (-m arbitrary, a hostfile) task 0 may be
+      // elsewhere: say so at once rather than let the others time out.
+      const char* me = env_value(get, "SLURMD_NODENAME");
+      if (li.rank == 0 && me && li.rdzv_host != me)
+        return make_error(errc::bootstrap_error,
+                          "cclite: rank 0 runs on node '%s', not on '%s', the first node of %s='%s', where "
+                          "the ranks of an srun job meet; set CCLITE_RDZV_ENDPOINT=%s:<port> before srun",
+                          me, li.rdzv_host.c_str(), nodes_var, nodes, me);
     }
   }
-  if (const char* d = env_value(get, "CCLITE_RDZV_DIR")) li.rdzv_dir = d;
   if (li.size > 1 && li.rdzv_host.empty() && li.rdzv_dir.empty() && src == &sources[2] &&
       li.local_size == li.size) {
     // mpirun, whole job on this node (its own count, not a guess): the run's
@@ -262,8 +343,8 @@ inline result<launch_info> detect_launch(const env_getter& get) {
       how = " (with mpirun: -x CCLITE_RDZV_ENDPOINT=<first host>:29400, or -x CCLITE_RDZV_DIR=<dir every "
             "node mounts>)";
     else if (li.launcher == "slurm")
-      how = " (with srun: export CCLITE_RDZV_ENDPOINT=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | "
-            "head -n1):29400 before srun)";
+      how = " (with srun: neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST names the nodes to meet on; "
+            "export CCLITE_RDZV_ENDPOINT=<first node>:29400 before srun)";
     else if (li.launcher == "pmi")
       how = " (with mpiexec: -genv CCLITE_RDZV_ENDPOINT <first host>:29400)";
     return make_error(errc::bootstrap_error,

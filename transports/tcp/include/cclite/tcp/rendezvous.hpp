@@ -6,7 +6,9 @@
 //     directory for a one-node Open MPI job: launch_env.hpp): a file_store in
 //     <dir>/<job id>;
 //   - otherwise TCP: rank 0 starts a store_server on the endpoint's port, and
-//     every rank, rank 0 included, connects a store_client to host:port.
+//     every rank, rank 0 included, connects a store_client to host:port. An
+//     endpoint no variable named (an srun job's first node and derived port,
+//     launch_env.hpp) is named in every error about it, with how to choose one.
 //
 // Where rank 0 listens (never on every address unless asked):
 //   - the endpoint's address when the host is a loopback name or address (the
@@ -184,6 +186,18 @@ result<bind_choice> bind_addresses_for(const std::string& host, bool bind_any, C
   return c;
 }
 
+// An error about the store's endpoint, plus where a derived endpoint came
+// from and how to choose another: "bind(...) failed: Address already in use"
+// alone would not tell an srun user which port was tried or why.
+inline status explain_endpoint(const launch_info& li, status s) {
+  if (s.ok() || li.rdzv_endpoint_from.empty()) return s;
+  return make_error(s.code(),
+                    "%s [endpoint %s:%u chosen for %s; to choose another, export MASTER_PORT or "
+                    "CCLITE_RDZV_ENDPOINT=host:port before srun]",
+                    s.message().c_str(), li.rdzv_host.c_str(), unsigned(li.rdzv_port),
+                    li.rdzv_endpoint_from.c_str());
+}
+
 #if defined(CCLITE_NO_THREADS)
 // Forks the process that serves `s` from now on (see the top); this process
 // keeps its client, and `s` becomes its handle on the helper
@@ -265,11 +279,11 @@ inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, 
     auto any = env::get_bool("STORE_BIND_ANY", false, false);
     if (!any) return any.error();
     auto where = detail::bind_addresses_for(li.rdzv_host, any.value(), [] { return choose_interface(); });
-    if (!where) return where.error();
+    if (!where) return detail::explain_endpoint(li, where.error());
     server_options so;
     so.token = token;
     auto s = store_server::start(where.value().hosts, li.rdzv_port, so);  // no thread under CCLITE_NO_THREADS
-    if (!s) return s.error();
+    if (!s) return detail::explain_endpoint(li, s.error());
     server = std::move(s.value());
     const unsigned bound_port = server->port();
 #if defined(CCLITE_NO_THREADS)
@@ -281,13 +295,14 @@ inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, 
     logger lg(li.rank);
     std::string list;
     for (const auto& h : where.value().hosts) list += (list.empty() ? "" : ", ") + h;
-    CCLITE_INFO(lg, "rendezvous store listening on %s port %u (%s%s); job token %s", list.c_str(),
-                bound_port, where.value().why.c_str(), served_by,
+    CCLITE_INFO(lg, "rendezvous store listening on %s port %u (%s%s%s%s); job token %s", list.c_str(),
+                bound_port, where.value().why.c_str(), served_by, li.rdzv_endpoint_from.empty() ? "" : "; ",
+                li.rdzv_endpoint_from.c_str(),
                 token.empty() ? "unset (CCLITE_RDZV_TOKEN empty: any cclite process without a token may join)"
                               : "set (CCLITE_RDZV_TOKEN)");
   }
   auto c = store_client::connect(li.rdzv_host, li.rdzv_port, until, op_timeout, token);
-  if (!c) return c.error();
+  if (!c) return detail::explain_endpoint(li, c.error());
   std::unique_ptr<cclite::store> client = std::move(c.value());
 
   const std::string job_key = "cclite/rdzv/job_id";
