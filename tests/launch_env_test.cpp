@@ -209,13 +209,16 @@ TEST_CASE("Slurm without an endpoint: the ranks meet on the step's first node") 
   CHECK(contains(r->rdzv_endpoint_from, "SLURM_STEP_NODELIST='gpu[08-09]'"));
   CHECK(contains(r->rdzv_endpoint_from, "a port from SLURM_JOB_ID.SLURM_STEP_ID"));
 
-  // Without a step list (an older Slurm, or sbatch's own step), the job's.
+  // A batch script that runs the program itself (no srun) has SLURM_PROCID=0,
+  // SLURM_NTASKS and the job's node list, but no step list: an error at once,
+  // not a wait for ranks that never start.
   env_map e = srun;
   e.erase("SLURM_STEP_NODELIST");
-  CHECK(detect(e)->rdzv_host == "gpu07");
-  e.erase("SLURM_JOB_NODELIST");
-  e["SLURM_NODELIST"] = "n1";
-  CHECK(detect(e)->rdzv_host == "n1");
+  e.erase("SLURM_STEP_ID");
+  e["SLURM_PROCID"] = "0";
+  std::string err = error_of(e);
+  CHECK(contains(err, "rank 0 of 8 (from SLURM_PROCID/SLURM_NTASKS) has no rendezvous"));
+  CHECK(contains(err, "this process was not started by srun"));
 
   // Concurrent steps of one job get different ports; so do neighbouring jobs.
   e = srun;
@@ -258,7 +261,7 @@ TEST_CASE("Slurm without an endpoint: the ranks meet on the step's first node") 
 
   // Rank 0 must run on that node (srun's block and cyclic distributions put it
   // there); elsewhere (-m arbitrary) it says so instead of letting the others wait.
-  std::string err = error_of(with(srun, {{"SLURM_PROCID", "0"}, {"SLURMD_NODENAME", "gpu09"}}));
+  err = error_of(with(srun, {{"SLURM_PROCID", "0"}, {"SLURMD_NODENAME", "gpu09"}}));
   CHECK(contains(err, "rank 0 runs on node 'gpu09', not on 'gpu08'"));
   CHECK(contains(err, "CCLITE_RDZV_ENDPOINT=gpu09:<port>"));
   r = detect(with(srun, {{"SLURM_PROCID", "0"}, {"SLURMD_NODENAME", "gpu08"}}));
@@ -359,8 +362,7 @@ TEST_CASE("errors: no rendezvous is explained in the launcher's own terms") {
   CHECK(contains(e, "has no rendezvous: set CCLITE_RDZV_ENDPOINT=host:port"));
   CHECK(contains(e, "CCLITE_RDZV_DIR=/shared/dir"));
   CHECK(contains(e, "with mpirun: -x CCLITE_RDZV_ENDPOINT="));
-  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}),
-                 "with srun: neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST"));
+  CHECK(contains(error_of({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}), "start it with srun"));
   CHECK(contains(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}), "with mpiexec: -genv CCLITE_RDZV_ENDPOINT"));
   CHECK(error_of({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}).find('\n') == std::string::npos);
 }

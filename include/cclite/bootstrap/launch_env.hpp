@@ -26,8 +26,8 @@
 // OMPI_MCA_orte_jobfam_session_dir), which mpirun creates for the run, shares
 // with every local rank and removes at the end, so `mpirun -np 4 ./app` works
 // as it does for an MPI program. Nor does an srun job: its ranks meet on
-// the step's first node (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST; task 0
-// runs there under srun's block and cyclic distributions, and rank 0 checks
+// the step's first node (SLURM_STEP_NODELIST, which only srun's tasks have;
+// task 0 runs there under srun's block and cyclic distributions, and rank 0 checks
 // SLURMD_NODENAME) at MASTER_PORT when set, else a port derived from the job
 // and step ids (slurm_port below), as PyTorch Lightning does on Slurm.
 // Job id (separates jobs sharing a store or a directory): CCLITE_RDZV_ID,
@@ -277,15 +277,12 @@ inline result<launch_info> detect_launch(const env_getter& get) {
   } else {
     const char* addr = env_value(get, "MASTER_ADDR");
     const char* port = env_value(get, "MASTER_PORT");
-    // srun: the step's nodes (a step may use fewer nodes than the job).
-    const char* nodes_var = nullptr;
-    const char* nodes = nullptr;
-    if (src == &sources[4])
-      for (const char* v : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
-        if ((nodes = env_value(get, v))) {
-          nodes_var = v;
-          break;
-        }
+    // srun's tasks: the step's nodes (a step may use fewer nodes than the
+    // job). Not the job's list: a batch script run without srun also has
+    // SLURM_PROCID=0 and SLURM_NTASKS=N, and would wait for N-1 ranks that
+    // never come; it gets the error below instead.
+    const char* nodes_var = "SLURM_STEP_NODELIST";
+    const char* nodes = src == &sources[4] ? env_value(get, nodes_var) : nullptr;
     if (addr && !port)
       return make_error(errc::bootstrap_error,
                         "cclite: MASTER_ADDR is set but MASTER_PORT is not; set both, or "
@@ -343,8 +340,8 @@ inline result<launch_info> detect_launch(const env_getter& get) {
       how = " (with mpirun: -x CCLITE_RDZV_ENDPOINT=<first host>:29400, or -x CCLITE_RDZV_DIR=<dir every "
             "node mounts>)";
     else if (li.launcher == "slurm")
-      how = " (with srun: neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST names the nodes to meet on; "
-            "export CCLITE_RDZV_ENDPOINT=<first node>:29400 before srun)";
+      how = " (SLURM_STEP_NODELIST is unset: this process was not started by srun, as when a batch script "
+            "runs the program itself; start it with srun, which needs no variable)";
     else if (li.launcher == "pmi")
       how = " (with mpiexec: -genv CCLITE_RDZV_ENDPOINT <first host>:29400)";
     return make_error(errc::bootstrap_error,
