@@ -54,6 +54,20 @@ std::vector<std::string> perf_rows(const std::string& text) {
   return rows;
 }
 
+// `env` that unsets every launcher's and rendezvous variable, so that a case
+// starting workers by hand gives them only the variables it names.
+const std::string no_launcher_env =
+    "env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u SLURM_PROCID -u CCLITE_RANK "
+    "-u CCLITE_RDZV_ENDPOINT -u CCLITE_RDZV_DIR -u MASTER_ADDR -u MASTER_PORT -u CCLITE_RDZV_ID "
+    "-u TORCHELASTIC_RUN_ID -u SLURM_JOB_ID -u SLURM_STEP_NODELIST ";
+
+// How many times `what` occurs in `text`.
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = 0; (at = text.find(what, at)) != std::string::npos; at += what.size()) ++n;
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("cclite-run + hello_allreduce: 3 ranks over shm, then over tcp") {
@@ -98,8 +112,7 @@ TEST_CASE("CCLITE_DEBUG=INFO prints topology, transport per peer and the algorit
 }
 
 TEST_CASE("a worker without launcher environment gets one clear line") {
-  run_out r = sh("env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u SLURM_PROCID "
-                 "-u CCLITE_RANK " + bin_dir() + "/hello_allreduce");
+  run_out r = sh(no_launcher_env + bin_dir() + "/hello_allreduce");
   INFO(r.text);
   CHECK(r.rc != 0);
   CHECK(r.text.find("CCLITE_RANK") != std::string::npos);
@@ -112,8 +125,7 @@ TEST_CASE("rank 0 hosts the store, fails and returns at once: the others still r
   // store up until they have disconnected, so they read the record.
   // Below the kernel's ephemeral ports (32768-60999), as cclite-run picks its own.
   const int port = 10000 + static_cast<int>(::getpid() % 20000);
-  const std::string env = "env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u SLURM_PROCID "
-                          "CCLITE_WORLD_SIZE=3 CCLITE_TIMEOUT=20 CCLITE_RDZV_ENDPOINT=127.0.0.1:" +
+  const std::string env = no_launcher_env + "CCLITE_WORLD_SIZE=3 CCLITE_TIMEOUT=20 CCLITE_RDZV_ENDPOINT=127.0.0.1:" +
                           std::to_string(port) + " ";
   std::string cmd;
   for (int r = 0; r < 3; ++r) {
@@ -137,21 +149,16 @@ TEST_CASE("Open MPI's variables, one node: ranks meet with no rendezvous variabl
   // find each other through the session directory alone.
   char dir[] = "/tmp/cclite-e2e-session-XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);
-  const std::string env = std::string("env -u RANK -u WORLD_SIZE -u PMI_RANK -u SLURM_PROCID -u CCLITE_RANK "
-                                      "-u CCLITE_RDZV_ENDPOINT -u CCLITE_RDZV_DIR -u MASTER_ADDR -u MASTER_PORT "
-                                      "-u CCLITE_RDZV_ID -u SLURM_JOB_ID -u TORCHELASTIC_RUN_ID "
-                                      "CCLITE_TIMEOUT=60 OMPI_COMM_WORLD_SIZE=3 OMPI_COMM_WORLD_LOCAL_SIZE=3 "
-                                      "OMPI_MCA_ess_base_jobid=4242 PMIX_SERVER_TMPDIR=") + dir + " ";
+  const std::string env = no_launcher_env +
+                          "CCLITE_TIMEOUT=60 OMPI_COMM_WORLD_SIZE=3 OMPI_COMM_WORLD_LOCAL_SIZE=3 "
+                          "OMPI_MCA_ess_base_jobid=4242 PMIX_SERVER_TMPDIR=" + dir + " ";
   std::string cmd;
   for (int r = 0; r < 3; ++r)
     cmd += env + "OMPI_COMM_WORLD_RANK=" + std::to_string(r) + " OMPI_COMM_WORLD_LOCAL_RANK=" +
            std::to_string(r) + " " + bin_dir() + "/hello_allreduce & ";
   run_out out = sh("(" + cmd + "wait)");
   INFO(out.text);
-  std::size_t correct = 0;
-  for (std::size_t at = 0; (at = out.text.find("sum of ranks = 3 (correct)", at)) != std::string::npos; ++at)
-    ++correct;
-  CHECK(correct == 3);
+  CHECK(occurrences(out.text, "sum of ranks = 3 (correct)") == 3);
   CHECK(sh(std::string("test -d ") + dir + "/cclite-rdzv/4242").rc == 0);  // where they met
   sh(std::string("rm -rf ") + dir);
   // mpirun itself: tests/netns/mpirun_test.sh (step 3).
@@ -162,21 +169,15 @@ TEST_CASE("srun's variables, no endpoint: ranks meet on the step's first node at
   // 3 tasks on one node named localhost. The job id comes from this test's
   // pid, so parallel runs derive different ports.
   const std::string job = std::to_string(::getpid());
-  const std::string env = "env -u RANK -u WORLD_SIZE -u OMPI_COMM_WORLD_RANK -u PMI_RANK -u CCLITE_RANK "
-                          "-u CCLITE_RDZV_ENDPOINT -u CCLITE_RDZV_DIR -u MASTER_ADDR -u MASTER_PORT "
-                          "-u CCLITE_RDZV_ID -u TORCHELASTIC_RUN_ID -u SLURM_NODELIST -u SLURM_JOB_NODELIST "
-                          "CCLITE_TIMEOUT=60 CCLITE_DEBUG=INFO SLURM_NTASKS=3 SLURM_JOB_ID=" + job +
-                          " SLURM_STEP_ID=0 SLURM_STEP_NODELIST=localhost SLURMD_NODENAME=localhost ";
+  const std::string env = no_launcher_env + "CCLITE_TIMEOUT=60 CCLITE_DEBUG=INFO SLURM_NTASKS=3 SLURM_JOB_ID=" +
+                          job + " SLURM_STEP_ID=0 SLURM_STEP_NODELIST=localhost SLURMD_NODENAME=localhost ";
   std::string cmd;
   for (int r = 0; r < 3; ++r)
     cmd += env + "SLURM_PROCID=" + std::to_string(r) + " SLURM_LOCALID=" + std::to_string(r) + " " + bin_dir() +
            "/hello_allreduce & ";
   run_out out = sh("(" + cmd + "wait)");
   INFO(out.text);
-  std::size_t correct = 0;
-  for (std::size_t at = 0; (at = out.text.find("sum of ranks = 3 (correct)", at)) != std::string::npos; ++at)
-    ++correct;
-  CHECK(correct == 3);
+  CHECK(occurrences(out.text, "sum of ranks = 3 (correct)") == 3);
   CHECK(out.text.find("srun: the first node of SLURM_STEP_NODELIST='localhost' and a port "
                       "from SLURM_JOB_ID.SLURM_STEP_ID") != std::string::npos);  // rank 0's INFO line
 
