@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# bench/compare.sh - cclite's allreduce beside Open MPI's, 2 ranks on this node, and
-# beside this machine's limits, all measured in the same run (DESIGN.md: every
-# performance claim sits beside a peer and the machine's limit).
+# bench/compare.sh - cclite's allreduce (or another collective, -C) beside Open MPI's,
+# 2 ranks on this node, and beside this machine's limits, all measured in the same
+# run (DESIGN.md: every performance claim sits beside a peer and the machine's limit).
 #
 #   bench/compare.sh shm            # cclite over shm vs MPI over its shared-memory BTL
 #   bench/compare.sh tcp            # CCLITE_SHM_DISABLE=1 vs MPI over --mca btl tcp,self
 #   bench/compare.sh -r 5 -p tcp build-release
 #   bench/compare.sh -p -m shm      # MPI also with glibc malloc tuned; the better MPI figure is shown
+#   bench/compare.sh -C allgather shm   # allgather_perf beside MPI_Allgather
 #
-# Options: -r runs (default 3; each size's median over the runs is shown, with
+# Options: -C COLLECTIVE (allreduce, the default; allgather, reduce_scatter, alltoall,
+# broadcast, reduce, sendrecv: <collective>_perf beside allreduce_perf_mpi -C
+# <collective>, the same sizes, inputs and checks, out of place, root 0);
+# -r runs (default 3; each size's median over the runs is shown, with
 # [min..max]); -m: run MPI a second time with MPI_TUNED_ENV (default
 # "GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=4294967296":
 # Open MPI's per-call temporary buffer of >= 32 MiB then comes from the heap
@@ -51,9 +55,11 @@ runs=3
 prio=""
 keep=""
 tuned=""
-usage() { sed -n '2,46p' "$0" >&2; exit 2; }
-while getopts "r:pmk:h" opt; do
+coll=allreduce
+usage() { sed -n '2,50p' "$0" >&2; exit 2; }
+while getopts "r:pmk:C:h" opt; do
   case $opt in
+    C) coll=$OPTARG ;;
     r) runs=$OPTARG ;;
     p) prio=1 ;;
     m) tuned=1 ;;
@@ -66,10 +72,15 @@ mode=${1:-shm}
 build=${2:-build}
 case $mode in shm|tcp) ;; *) echo "compare.sh: mode must be shm or tcp, not '$mode'" >&2; usage ;; esac
 case $runs in ''|*[!0-9]*|0) echo "compare.sh: -r needs a positive integer" >&2; exit 2 ;; esac
+case $coll in
+  allreduce) cclite_prog=allreduce_perf; mpi_coll=() ;;
+  allgather|reduce_scatter|alltoall|broadcast|reduce|sendrecv) cclite_prog=${coll}_perf; mpi_coll=(-C "$coll") ;;
+  *) echo "compare.sh: -C must name allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce or sendrecv, not '$coll'" >&2; exit 2 ;;
+esac
 [ -n "$prio" ] && [ "$(id -u)" != 0 ] && { echo "compare.sh: -p needs root (autogroup nice -20)" >&2; exit 2; }
 
 bin=$build/bin
-for p in cclite-run allreduce_perf machine_limits; do
+for p in cclite-run "$cclite_prog" machine_limits; do
   [ -x "$bin/$p" ] || { echo "compare.sh: no $bin/$p: build first (cmake -S . -B $build && cmake --build $build -j2)" >&2; exit 2; }
 done
 command -v python3 > /dev/null || { echo "compare.sh: needs python3" >&2; exit 2; }
@@ -145,14 +156,14 @@ for ((i = 1; i <= runs; ++i)); do
     IFS=';' read -r -a arg_sets <<< "$all_args"
     for args in "${arg_sets[@]}"; do
       run "run $i/$runs: cclite $mode $kind $args" "$out/cclite-$kind.log" \
-        "${cclite_env[@]}" "$bin/cclite-run" --nproc-per-node 2 "$bin/allreduce_perf" \
+        "${cclite_env[@]}" "$bin/cclite-run" --nproc-per-node 2 "$bin/$cclite_prog" \
         $COMMON_ARGS $args -J "$out/cclite-$mode-$kind.json"
       if [ -n "$have_mpi" ]; then
         run "run $i/$runs: mpi $mode $kind $args" "$out/mpi-$kind.log" \
-          "${mpirun_cmd[@]}" "$bin/allreduce_perf_mpi" $COMMON_ARGS $args -J "$out/mpi-$mode-$kind.json"
+          "${mpirun_cmd[@]}" "$bin/allreduce_perf_mpi" "${mpi_coll[@]}" $COMMON_ARGS $args -J "$out/mpi-$mode-$kind.json"
         if [ -n "$tuned" ]; then
           run "run $i/$runs: mpi (malloc tuned) $mode $kind $args" "$out/mpi-tuned-$kind.log" \
-            "${mpirun_cmd[@]}" "${tuned_x[@]}" "$bin/allreduce_perf_mpi" $COMMON_ARGS $args \
+            "${mpirun_cmd[@]}" "${tuned_x[@]}" "$bin/allreduce_perf_mpi" "${mpi_coll[@]}" $COMMON_ARGS $args \
             -J "$out/mpi-tuned-$mode-$kind.json"
         fi
       fi
@@ -170,9 +181,9 @@ if [ -n "$have_mpi" ]; then
 fi
 transport=$(grep -m1 -o 'ring via [a-z]*' "$out/cclite-bw.log" | sed 's/ring via //' || true)
 
-python3 - "$out" "$mode" "$runs" <<PY
+python3 - "$out" "$mode" "$runs" "$coll" <<PY
 import json, os, statistics, sys
-out, mode, runs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out, mode, runs, coll = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 
 def load(name):
     p = os.path.join(out, name)
@@ -181,7 +192,7 @@ def load(name):
 def by_size(rows, field):
     d = {}
     for r in rows:
-        if r.get("inplace", 0) == 0 and r.get("collective") == "allreduce":
+        if r.get("inplace", 0) == 0 and r.get("collective") == coll:
             d.setdefault(r["size"], []).append(r[field])
     return d
 
@@ -202,8 +213,8 @@ limit = limits.get(limit_name, {}).get("gbps")
 wrong = sum(r.get("wrong", 0) for f in os.listdir(out) if f.endswith(".json") and f != "limits.json"
             for r in load(f))
 
-print("# allreduce, 2 ranks on one node, %s; ${COMMON_ARGS}, out-of-place; median of %d runs [min..max]"
-      % (mode, runs))
+print("# %s, 2 ranks on one node, %s; ${COMMON_ARGS}, out-of-place; median of %d runs [min..max]"
+      % (coll, mode, runs))
 print("# cclite: transport ${transport:-?}; MPI: ${mpi_desc}")
 print("# host $(hostname), $(nproc) CPUs, load average before ${load_before}, after ${load_after}${prio:+; autogroup nice -20}; $(date -u +%Y-%m-%dT%H:%MZ)")
 print()

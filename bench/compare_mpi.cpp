@@ -12,6 +12,10 @@
 // -C sendrecv (or the name sendrecv_perf_mpi): sendrecv_perf's twin instead, the
 // ring shift as MPI_Sendrecv (to the next rank, from the previous; in place:
 // MPI_Sendrecv_replace), each rank checking that it got its predecessor's input.
+// -C allgather | reduce_scatter | alltoall | broadcast | reduce [-r ROOT]: the
+// twin of that coll_perf program (MPI_Allgather, MPI_Reduce_scatter_block,
+// MPI_Alltoall, MPI_Bcast, MPI_Reduce): the same sweep, sizes, inputs and
+// checks (common/coll_sweep.hpp), out of place.
 //
 // dtypes: those MPI has (int8 uint8 int32 uint32 int64 uint64 float double);
 // half and bfloat16 are refused (MPI has no standard 16-bit float type).
@@ -29,6 +33,7 @@
 
 #include <cclite/core/clock.hpp>
 
+#include "common/coll_sweep.hpp"
 #include "common/perf_args.hpp"
 #include "common/perf_check.hpp"
 #include "common/perf_sweep.hpp"
@@ -82,6 +87,50 @@ std::string describe_mpi() {
   return s;
 }
 
+// The calls of coll_sweep (common/coll_sweep.hpp) on MPI: coll_perf's twin.
+struct mpi_coll_ops {
+  cclite::collective_kind kind;
+  MPI_Datatype type;
+  MPI_Op op;
+  bool avg;
+  int root, rank, size;
+  void *send, *recv;
+  void once(const bench::coll_shape& s) {
+    using cclite::collective_kind;
+    const int n = static_cast<int>(s.count);
+    switch (kind) {
+      case collective_kind::allgather: MPI_Allgather(send, n, type, recv, n, type, MPI_COMM_WORLD); return;
+      case collective_kind::alltoall: MPI_Alltoall(send, n, type, recv, n, type, MPI_COMM_WORLD); return;
+      case collective_kind::broadcast: MPI_Bcast(recv, n, type, root, MPI_COMM_WORLD); return;
+      case collective_kind::reduce_scatter: MPI_Reduce_scatter_block(send, recv, n, type, op, MPI_COMM_WORLD); break;
+      default: MPI_Reduce(send, recv, n, type, op, root, MPI_COMM_WORLD); if (rank != root) return; break;
+    }
+    if (avg) bench::by_dtype(dtype_, [&](auto tag) { divide<decltype(tag)>(recv, s.count, size); });
+  }
+  void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+  void max_over_ranks(double& v) { MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); }
+  void sum_over_ranks(std::uint64_t& v) {
+    unsigned long long w = v;
+    MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    v = w;
+  }
+  cclite::dtype dtype_;
+};
+
+// -C's collective; false (and a message) for one that has no twin here.
+bool pick_collective(const std::string& name, cclite::collective_kind& out) {
+  using cclite::collective_kind;
+  if (name.empty()) out = collective_kind::allreduce;
+  else if (name == "sendrecv") out = collective_kind::sendrecv;
+  else if (name == "allgather") out = collective_kind::allgather;
+  else if (name == "reduce_scatter") out = collective_kind::reduce_scatter;
+  else if (name == "alltoall") out = collective_kind::alltoall;
+  else if (name == "broadcast") out = collective_kind::broadcast;
+  else if (name == "reduce") out = collective_kind::reduce;
+  else return false;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,14 +139,26 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::string coll = bench::take_flag(argc, argv, "-C");
+  const std::string root_flag = bench::take_flag(argc, argv, "-r");
   if (std::strstr(argv[0], "sendrecv_perf_mpi")) coll = "sendrecv";
-  const bool shift = coll == "sendrecv";
-  if (!coll.empty() && !shift) {
-    if (rank == 0) std::fprintf(stderr, "allreduce_perf_mpi: -C %s: only sendrecv (or none: allreduce)\n", coll.c_str());
+  cclite::collective_kind kind;
+  if (!pick_collective(coll, kind)) {
+    if (rank == 0)
+      std::fprintf(stderr, "allreduce_perf_mpi: -C %s: one of sendrecv allgather reduce_scatter alltoall "
+                   "broadcast reduce (or none: allreduce)\n", coll.c_str());
     MPI_Finalize();
     return 2;
   }
-  auto args = bench::parse_perf_args(argc, argv, shift ? "sendrecv_perf_mpi" : "allreduce_perf_mpi");
+  const bool shift = kind == cclite::collective_kind::sendrecv;
+  const bool other = kind != cclite::collective_kind::allreduce && !shift;  // coll_sweep's collectives
+  const int root = root_flag.empty() ? 0 : std::atoi(root_flag.c_str());
+  if (root < 0 || root >= size) {
+    if (rank == 0) std::fprintf(stderr, "allreduce_perf_mpi: -r %d: the root must be a rank below %d\n", root, size);
+    MPI_Finalize();
+    return 2;
+  }
+  const std::string prog = std::string(cclite::to_string(kind)) + "_perf_mpi";
+  auto args = bench::parse_perf_args(argc, argv, prog.c_str());
   if (!args) {
     if (rank == 0) std::fprintf(stderr, "%s\n", args.error().message().c_str());
     MPI_Finalize();
@@ -124,12 +185,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   // Buffers allocated and touched once, outside the timed loop (as allreduce_perf).
+  // Every collective's largest buffer is at most -e bytes (coll_sweep.hpp shapes).
   std::vector<std::uint8_t> send(max_count * esz + 64), recv(max_count * esz + 64);
 
-  bench::perf_table table(rank == 0, a, shift ? "sendrecv" : "allreduce", size,
-                         shift ? 1.0 : 2.0 * (size - 1) / size, "mpi");
+  const double busbw_factor = shift || kind == cclite::collective_kind::broadcast ||
+                                      kind == cclite::collective_kind::reduce
+                                  ? 1.0
+                                  : other ? double(size - 1) / size : 2.0 * (size - 1) / size;
+  bench::perf_table table(rank == 0, a, cclite::to_string(kind), size, busbw_factor, "mpi");
   const std::string via = describe_mpi();
   table.header(via.c_str());
+  if (other) {
+    mpi_coll_ops ops{kind, type, op, avg, root, rank, size, send.data(), recv.data(), a.type};
+    const std::size_t wrong =
+        bench::coll_sweep(a, table, bench::coll_case{kind, size, rank, root}, send.data(), recv.data(), ops);
+    MPI_Finalize();
+    return wrong == 0 ? 0 : 1;
+  }
   // The calls of the sweep (common/perf_sweep.hpp), on MPI.
   struct mpi_ops {
     const bench::perf_args& a;
