@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -283,6 +285,122 @@ TEST_CASE("collectives: 2 ranks, shm, every dtype") { run(2, net::shm_only, true
 TEST_CASE("collectives: 3 ranks, tcp") { run(3, net::tcp_only, false); }
 TEST_CASE("collectives: 4 ranks, mixed (2 fake nodes), every dtype") { run(4, net::mixed, true); }
 TEST_CASE("collectives: 5 ranks, shm") { run(5, net::shm_only, false); }
+
+namespace {
+
+// Whether this process maps the node-wide small group (shm-direct's "-small-"
+// segments, built by the first call that takes the small path).
+bool maps_small_group() {
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (!f) return false;
+  char line[512];
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f)) found = std::strstr(line, "/cclite-") && std::strstr(line, "-small-");
+  std::fclose(f);
+  return found;
+}
+
+// One rank's checks of every collective at the small path's limit (what one
+// rank writes into its slot: 1024 bytes) and one element past it (the links),
+// in place and out of place, every root. float: 256 elements fill the slot of
+// allgather, broadcast, reduce and gather; reduce_scatter, alltoall and
+// scatter write every rank's block, 1024 / (4 n) elements each.
+int check_small_limits(default_communicator& c) {
+  const int n = c.size(), me = c.rank();
+  const std::size_t N = static_cast<std::size_t>(n);
+  int bad = 0;
+  auto fail = [&](const char* what, std::size_t count, int root) {
+    std::fprintf(stderr, "rank %d of %d: small-path %s count %zu root %d wrong\n", me, n, what, count, root);
+    ++bad;
+  };
+  auto tagged = [](int rank, std::size_t i) { return static_cast<float>(rank * 1000 + static_cast<int>(i % 1000)); };
+  for (std::size_t count : {std::size_t{256}, std::size_t{257}}) {
+    // allgather, out of place and in place
+    std::vector<float> mine(count), all(count * N), want(count * N);
+    for (std::size_t i = 0; i < count; ++i) mine[i] = tagged(me, i);
+    for (std::size_t i = 0; i < count * N; ++i) want[i] = tagged(static_cast<int>(i / count), i % count);
+    MP_REQUIRE_OK(c.allgather(mine.data(), all.data(), count, dtype::float32));
+    if (all != want) fail("allgather", count, -1);
+    std::fill(all.begin(), all.end(), -1.0f);
+    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(me) * count));
+    MP_REQUIRE_OK(c.allgather(all.data() + static_cast<std::size_t>(me) * count, all.data(), count, dtype::float32));
+    if (all != want) fail("in-place allgather", count, -1);
+    for (int root = 0; root < n; ++root) {
+      std::vector<float> buf(count, -1.0f), ref(count);
+      for (std::size_t i = 0; i < count; ++i) ref[i] = tagged(root, i);
+      if (me == root) buf = ref;
+      MP_REQUIRE_OK(c.broadcast(buf.data(), count, dtype::float32, root));
+      if (buf != ref) fail("broadcast", count, root);
+      std::vector<float> red(count, -1.0f), sum(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        sum[i] = 0;
+        for (int r = 0; r < n; ++r) sum[i] += tagged(r, i);
+      }
+      MP_REQUIRE_OK(c.reduce(mine.data(), red.data(), count, dtype::float32, reduce_op::sum, root));
+      if (red != (me == root ? sum : std::vector<float>(count, -1.0f))) fail("reduce", count, root);
+      std::vector<float> got(count * N, -1.0f);
+      MP_REQUIRE_OK(c.gather(mine.data(), got.data(), count, dtype::float32, root));
+      if (me == root && got != want) fail("gather", count, root);
+    }
+  }
+  // Blocks of every rank: the slot is count x n floats.
+  const std::size_t fit = 1024 / (4 * N);
+  for (std::size_t count : {fit, fit + 1}) {
+    std::vector<float> send(count * N), recv(count * N, -1.0f), want(count * N);
+    for (std::size_t i = 0; i < count * N; ++i) send[i] = tagged(me, i);
+    // alltoall: block p of rank q lands as block q on rank p; in place too
+    for (std::size_t i = 0; i < count * N; ++i) want[i] = tagged(static_cast<int>(i / count), me * count + i % count);
+    MP_REQUIRE_OK(c.alltoall(send.data(), recv.data(), count, dtype::float32));
+    if (recv != want) fail("alltoall", count, -1);
+    std::vector<float> inplace = send;
+    MP_REQUIRE_OK(c.alltoall(inplace.data(), inplace.data(), count, dtype::float32));
+    if (inplace != want) fail("in-place alltoall", count, -1);
+    // reduce_scatter: this rank's block of the sum, out of place and in place
+    std::vector<float> rs(count, -1.0f), rs_want(count, 0.0f);
+    for (std::size_t i = 0; i < count; ++i)
+      for (int r = 0; r < n; ++r) rs_want[i] += tagged(r, me * count + i);
+    MP_REQUIRE_OK(c.reduce_scatter(send.data(), rs.data(), count, dtype::float32, reduce_op::sum));
+    if (rs != rs_want) fail("reduce_scatter", count, -1);
+    inplace = send;
+    float* block = inplace.data() + static_cast<std::size_t>(me) * count;
+    MP_REQUIRE_OK(c.reduce_scatter(inplace.data(), block, count, dtype::float32, reduce_op::sum));
+    if (!std::equal(rs_want.begin(), rs_want.end(), block)) fail("in-place reduce_scatter", count, -1);
+    for (int root = 0; root < n; ++root) {  // scatter: the root's block `me`
+      std::vector<float> part(count, -1.0f), part_want(count);
+      for (std::size_t i = 0; i < count; ++i) part_want[i] = tagged(root, me * count + i);
+      MP_REQUIRE_OK(c.scatter(me == root ? send.data() : nullptr, part.data(), count, dtype::float32, root));
+      if (part != part_want) fail("scatter", count, root);
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+// shm-direct's small path (shm/direct.hpp "Small calls") carries every
+// collective whose slot fits 1 KiB on one node; past that the links do. The
+// results must be the same either way, and the first call of a kind other than
+// allreduce must be able to build the node-wide group.
+TEST_CASE("collectives: shm-direct's small path for every collective, at its limit and past it, 2..4 ranks") {
+  for (int size : {2, 3, 4}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        size,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          MP_CHECK(!maps_small_group());
+          int bad = check_small_limits(*c);
+          MP_CHECK(maps_small_group());  // built by the first allgather, no allreduce before
+          MP_CHECK(bad == 0);
+          MP_REQUIRE_OK(c->barrier());
+          return 0;
+        },
+        std::chrono::seconds(120), [&](int rank) { test::set_net_env(net::shm_only, rank, size); });
+    INFO(size, " ranks: ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
 
 TEST_CASE("collectives: binary tree forced for broadcast and reduce, 2..7 ranks") {
   run(2, net::tcp_only, false, "tree");

@@ -219,6 +219,43 @@ TEST_CASE("shm-direct's small allreduce: mismatches are seen at once once the no
   }
 }
 
+TEST_CASE("shm-direct's small path for the other collectives: a root, count or kind that differs is a mismatch") {
+  // Once the group exists, every small call's header rides in the slots:
+  // the root and the kind are compared there as well as the count.
+  for (int size : {2, 3}) {
+    auto warm = [](default_communicator& c) {
+      float w[2] = {1, 2}, all[6];
+      return c.allgather(w, all, 2, dtype::float32);  // builds the group
+    };
+    expect_mismatch(size, net::shm_only, "small broadcast root", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(8, 1.0f);
+      return c.broadcast(v.data(), v.size(), odd ? 1 : 0);
+    }, false, {"broadcast(count=8, float, root=0)", "broadcast(count=8, float, root=1)"});
+    expect_mismatch(size, net::shm_only, "small allgather count", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(8, 1.0f), all(24);
+      return c.allgather(v.data(), all.data(), odd ? 5 : 4, dtype::float32);
+    }, false, {"allgather(count=4, float)", "allgather(count=5, float)"});
+    expect_mismatch(size, net::shm_only, "small reduce_scatter vs alltoall", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(12, 1.0f), out(12);
+      return odd ? c.alltoall(v.data(), out.data(), 2, dtype::float32)
+                 : c.reduce_scatter(v.data(), out.data(), 2, dtype::float32, reduce_op::sum);
+    });
+    expect_mismatch(size, net::shm_only, "small reduce root", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(4, 1.0f), out(4);
+      return c.reduce(v.data(), out.data(), v.size(), dtype::float32, reduce_op::sum, odd ? 1 : 0);
+    }, false, {"root=0", "root=1"});
+    expect_mismatch(size, net::shm_only, "small vs large scatter", [&](default_communicator& c, bool odd) {
+      CCLITE_TRY(warm(c));
+      std::vector<float> v(3u << 16, 1.0f), out(1u << 16);
+      return c.scatter(v.data(), out.data(), odd ? (1u << 16) : 4, dtype::float32, 0);
+    }, true);
+  }
+}
+
 TEST_CASE("a rank waiting in shm-direct learns of the others' failure through its links, alive or not") {
   // Ranks 0 and 1 take the small path, rank 2 the two-step shm-direct one
   // (it called another count). The small-path ranks find the mismatch, record

@@ -195,15 +195,17 @@ CCLITE_SETUP_CODE_END
     }
   }
 
-  // The largest allreduce shm-direct's small path takes (the default of
-  // CCLITE_SHM_SMALL_MAX), or 0 without shm.
+  // The largest slot shm-direct's small path takes (one rank's share of a
+  // small call: the default of CCLITE_SHM_SMALL_MAX), or 0 without shm.
   static constexpr std::size_t small_direct_max = [] {
     if constexpr (has_direct) return group_t::small_max_bytes;
     else return std::size_t(0);
   }();
 
-  // Small allreduces and barriers on one node (shm/direct.hpp, "Small
-  // allreduces"; a barrier is an allreduce of nothing). Once the node-wide
+  // Small calls and barriers on one node (shm/direct.hpp, "Small calls"; a
+  // barrier is an allreduce of nothing): allreduce, broadcast, reduce,
+  // allgather, reduce_scatter, alltoall, gather and scatter whose slot (what
+  // one rank writes) is at most CCLITE_SHM_SMALL_MAX bytes. Once the node-wide
   // small group exists (header pages only: a page per rank, nothing at rest)
   // they need no link traffic at all (dispatch_checked takes this path ahead
   // of the header exchange): the call header travels in the
@@ -214,20 +216,41 @@ CCLITE_SETUP_CODE_END
   // its header down its link: the wait looks at the link from the ring
   // predecessor, and a ring holding ranks of both kinds has one of ours right
   // after one of theirs, which reports the mismatch and wakes the rest.
+
+  // The bytes one rank writes into its slot for `d` (the root's share for
+  // broadcast and scatter; every rank's block for reduce_scatter and
+  // alltoall), or SIZE_MAX when `d` has no small path.
+  std::size_t small_slot_bytes(const op_desc& d) const {
+    using ck = collective_kind;
+    if (d.kind == ck::barrier) return 0;
+    // The compact call header (the slot's tag) holds the root in one byte.
+    if ((d.kind == ck::broadcast || d.kind == ck::reduce || d.kind == ck::gather || d.kind == ck::scatter) &&
+        (d.root < 0 || d.root > 255))
+      return SIZE_MAX;
+    if (d.count > small_direct_max) return SIZE_MAX;  // no overflow below
+    const std::size_t b = d.count * size_of(d.type);
+    switch (d.kind) {
+      case ck::allreduce: case ck::broadcast: case ck::reduce: case ck::allgather: case ck::gather: return b;
+      case ck::reduce_scatter: case ck::alltoall: case ck::scatter: return b * static_cast<std::size_t>(size_);
+      default: return SIZE_MAX;
+    }
+  }
   bool small_direct(const op_desc& d) const {
-    if (d.kind == collective_kind::barrier) return select_.small_direct(0);
-    return d.kind == collective_kind::allreduce && select_.small_direct(d.count * size_of(d.type));
+    const std::size_t b = small_slot_bytes(d);
+    // A barrier follows allreduce's CCLITE_ALGO, as it always has.
+    return b != SIZE_MAX && select_.small_direct(d.kind == collective_kind::barrier ? collective_kind::allreduce : d.kind, b);
   }
   bool small_direct_ready(const op_desc& d) const { return small_ && small_direct(d); }
 
   // `h`: this call's header, or null when checking is off. `linkless`: the
   // call sent nothing down the links (else its header went to the ring
   // successor as usual, and the wait only looks for a closed link).
-  status run_small_allreduce(const op_desc& d, const call_header* h, bool linkless, deadline until) {
+  status run_small_call(const op_desc& d, const call_header* h, bool linkless, deadline until) {
     if constexpr (has_direct) {
+      using ck = collective_kind;
       CCLITE_TRY(ensure_small(until));
-      const reduction red = d.kernels ? d.kernels(d.type, d.op) : reduction{};  // a barrier: empty
-      const std::size_t count = d.kind == collective_kind::barrier ? 0 : d.count;
+      const std::size_t block = d.kind == ck::barrier ? 0 : d.count * size_of(d.type);  // one rank's block
+      const bool is_root = rank_ == d.root;
       static_assert(call_header::compact_bytes == group_t::small_tag_bytes, "small tag size");
       std::uint8_t tag[call_header::compact_bytes];
       if (h) h->encode_compact(tag);
@@ -236,13 +259,51 @@ CCLITE_SETUP_CODE_END
       auto probe = [&]() -> status {
         return h && linkless ? this->stray_on_link(prev, *h) : this->link_status(prev);
       };
-      status st = small_->allreduce_small(static_cast<const std::uint8_t*>(d.send), static_cast<std::uint8_t*>(d.recv),
-                                           count, red, red.needs_divide ? size_ : 0, until, h ? tag : nullptr,
-                                           &odd, probe);
+      // What this rank writes, and which part of each slot it reads back.
+      const auto* send = static_cast<const std::uint8_t*>(d.send);
+      auto* recv = static_cast<std::uint8_t*>(d.recv);
+      std::size_t bytes = small_slot_bytes(d), read_from = 0, read_bytes = block;
+      const std::uint8_t* out = send;
+      if (d.kind == ck::broadcast) out = recv;  // broadcast's one buffer
+      if ((d.kind == ck::broadcast || d.kind == ck::scatter) && !is_root) bytes = 0;
+      if (d.kind == ck::reduce_scatter || d.kind == ck::alltoall || d.kind == ck::scatter)
+        read_from = static_cast<std::size_t>(rank_) * block;
+      status st = small_->small_exchange(out, bytes, read_from, read_bytes, until, h ? tag : nullptr, &odd, probe);
       if (st.code() == errc::mismatch && odd >= 0 && h)
         return mismatch_error(*h, rank_, call_header::decode_compact(small_->small_tag_of(odd)),
                               peers_[static_cast<std::size_t>(odd)].rank);
-      return st;
+      CCLITE_TRY(st);
+      // Every slot stays valid until this rank's next small call (direct.hpp).
+      auto data = [&](int r) { return small_->small_data(r); };
+      const reduction red = d.kernels ? d.kernels(d.type, d.op) : reduction{};
+      const int divide_by = red.needs_divide ? size_ : 0;
+      switch (d.kind) {
+        case ck::allreduce:
+          if (block) small_->small_reduce(recv, 0, d.count, red, divide_by);
+          break;
+        case ck::reduce:
+          if (block && is_root) small_->small_reduce(recv, 0, d.count, red, divide_by);
+          break;
+        case ck::reduce_scatter:
+          if (block) small_->small_reduce(recv, read_from, d.count, red, divide_by);
+          break;
+        case ck::broadcast:
+          if (block && !is_root) std::memcpy(recv, data(d.root), block);
+          break;
+        case ck::scatter:
+          if (block) std::memcpy(recv, data(d.root) + read_from, block);
+          break;
+        case ck::allgather: case ck::gather:
+          if (d.kind == ck::gather && !is_root) break;
+          for (int r = 0; r < size_ && block; ++r) std::memcpy(recv + static_cast<std::size_t>(r) * block, data(r), block);
+          break;
+        case ck::alltoall:
+          for (int r = 0; r < size_ && block; ++r)
+            std::memcpy(recv + static_cast<std::size_t>(r) * block, data(r) + read_from, block);
+          break;
+        default: break;  // barrier
+      }
+      return {};
     } else {
       (void)d, (void)h, (void)until;
       return make_error(errc::unsupported, "shm-direct needs the shm transport");

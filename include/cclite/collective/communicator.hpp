@@ -404,7 +404,7 @@ CCLITE_SETUP_CODE_BEGIN
     if (!small) return small.error();
     if (small.value() < 0 || small.value() > static_cast<std::int64_t>(small_direct_max))
       return make_error(errc::invalid_argument, "CCLITE_SHM_SMALL_MAX=%lld is out of range (0 .. %zu bytes; 0 turns "
-                        "shm-direct's small allreduce off)", static_cast<long long>(small.value()), small_direct_max);
+                        "shm-direct's small path off)", static_cast<long long>(small.value()), small_direct_max);
     select_.set_direct(has_direct, direct_bytes_, static_cast<std::size_t>(small.value()));
     return {};
   }

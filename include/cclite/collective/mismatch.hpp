@@ -104,15 +104,17 @@ struct call_header {
     return h;
   }
 
-  // The 16-byte form, for calls whose count fits 32 bits and that use
-  // neither root nor aux (shm-direct's small allreduce and barrier, which
-  // compare it beside their data): kind, dtype, op, count, seq and comm.
+  // The 16-byte form, for calls whose count fits 32 bits, whose root fits
+  // one byte and that use no aux (shm-direct's small calls and barrier,
+  // which compare it beside their data): kind, dtype, op, root, count, seq
+  // and comm.
   static constexpr std::size_t compact_bytes = 16;
   void encode_compact(std::uint8_t* b) const {
     std::memset(b, 0, compact_bytes);
     b[0] = kind;
     b[1] = type;
     b[2] = op;
+    b[3] = static_cast<std::uint8_t>(root);  // 0..255 (comm_shared.hpp: small_slot_bytes)
     put_le(b + 4, count, 4);
     put_le(b + 8, (seq & seq_mask) | (std::uint64_t(comm & 0xffffffu) << seq_bits), 8);
   }
@@ -121,6 +123,7 @@ struct call_header {
     h.kind = b[0];
     h.type = b[1];
     h.op = b[2];
+    h.root = b[3];
     h.count = get_le(b + 4, 4);
     const std::uint64_t s = get_le(b + 8, 8);
     h.seq = s & seq_mask;

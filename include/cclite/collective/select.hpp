@@ -144,12 +144,12 @@ CCLITE_SETUP_CODE_END
     small_max_ = small_max;
   }
   bool direct_possible() const noexcept { return direct_; }
-  /// Whether an allreduce of `bytes` takes shm-direct's small path: one node
-  /// over shm, at most small_max bytes, and CCLITE_ALGO does not name another
-  /// algorithm for allreduce. It depends on the call's size only, so every
-  /// rank of a call decides alike.
-  bool small_direct(std::size_t bytes) const noexcept {
-    const algorithm f = forced_[static_cast<int>(collective_kind::allreduce)];
+  /// Whether a call of `k` whose slot is `bytes` (what one rank writes)
+  /// takes shm-direct's small path: one node over shm, at most small_max
+  /// bytes, and CCLITE_ALGO does not name another algorithm for `k`. It
+  /// depends on the call's size only, so every rank of a call decides alike.
+  bool small_direct(collective_kind k, std::size_t bytes) const noexcept {
+    const algorithm f = forced_[static_cast<int>(k)];
     return direct_ && bytes <= small_max_ && (f == algorithm::automatic || f == algorithm::direct);
   }
 

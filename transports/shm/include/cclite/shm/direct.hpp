@@ -30,11 +30,14 @@
 // window; after (4) every window holds the whole result. Per member: S bytes
 // read, S written, the least an allreduce can move.
 //
-// Small allreduces (allreduce_small, at most small_max_bytes): one all-member
-// synchronisation instead of two. Each member writes its data, its tag (the
-// caller's call header, compacted) and then the call's number into one slot
-// of its header page, the first 40 data bytes sharing the number's line,
-// and reduces every member's slot itself, in member order. An 8-byte call
+// Small calls (small_exchange, at most small_max_bytes per member): one
+// all-member synchronisation instead of two. Each member writes its data, its
+// tag (the caller's call header, compacted) and then the call's number into
+// one slot of its header page, the first 40 data bytes sharing the number's
+// line, and reads what it needs from every member's slot itself: an
+// allreduce (allreduce_small) reduces them all, in member order; the
+// communicator's other small collectives copy or reduce their blocks
+// (comm_shared.hpp). An 8-byte call
 // moves one cache line per member and direction, where a FIFO hand-off moves
 // three (head index, data, header). Two slots alternate by call parity: a
 // member rewrites a slot only two calls later, after everyone published the
@@ -93,7 +96,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     return create_named(kv, job_tag, "direct", members, me, capacity, 2, aborted, spin, until);
   }
 
-  /// The header page alone, for allreduce_small() and barriers: one page per
+  /// The header page alone, for small calls and barriers: one page per
   /// member, where create() maps 2 x capacity more (collective, as create()).
   static result<std::unique_ptr<direct_group>> create_small(store& kv, const std::string& job_tag,
                                                              const std::vector<peer_info>& members, int me,
@@ -249,20 +252,24 @@ CCLITE_SETUP_CODE_END
   /// Calls of at least this many bytes write the result with stream_copy().
   static constexpr std::size_t stream_copy_min_bytes = 8u << 20;
 
-  /// Largest call allreduce_small() takes, in bytes.
+  /// Largest slot a small call writes (small_exchange), in bytes.
   static constexpr std::size_t small_max_bytes = 1024;
-
-  /// recv = reduction of every member's send (count x elem <= small_max_bytes;
-  /// send may equal recv) with one synchronisation; see "Small allreduces"
-  /// above. `tag` (small_tag_bytes, or null) is compared across
-  /// members before any data is read, as in allreduce(). `probe()` is called
-  /// now and then while waiting for a member: a status other than ok ends the
-  /// wait with it (the communicator looks for a peer that took another path).
   static constexpr std::size_t small_tag_bytes = 16;
+
+  /// One synchronisation of a small call (see "Small calls" above): writes
+  /// `bytes` of `send` (at most small_max_bytes; 0 for a member with nothing to
+  /// give) and `tag` into this member's slot, publishes the call's number and
+  /// waits until every member published it. Then small_data(m) holds member
+  /// m's bytes until this member's next small call. `read_from`, `read_bytes`:
+  /// the part of each slot the caller reads next, fetched while waiting.
+  /// `tag` (small_tag_bytes, or null) is compared across members before any
+  /// data is read, as in allreduce(). `probe()` is called now and then while
+  /// waiting for a member: a status other than ok ends the wait with it (the
+  /// communicator looks for a peer that took another path).
   template <class Probe>
-  status allreduce_small(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, const reduction& red,
-                         int divide_by, deadline until, const std::uint8_t* tag, int* odd, Probe&& probe) {
-    const std::size_t elem = red.elem_size, L = members_.size(), bytes = count * elem;
+  status small_exchange(const std::uint8_t* send, std::size_t bytes, std::size_t read_from, std::size_t read_bytes,
+                        deadline until, const std::uint8_t* tag, int* odd, Probe&& probe) {
+    const std::size_t L = members_.size();
     if (bytes > small_max_bytes) return make_error(errc::invalid_argument, "shm-direct: small call over 1 KiB");
     const std::uint64_t step = ++small_step_;
     const int parity = static_cast<int>(step & 1);
@@ -278,11 +285,12 @@ CCLITE_SETUP_CODE_END
     // -> 0.48-0.56 (docs/performance.md, "Session 16"). Not above 512 B (nor
     // more than 16 lines in all): at 1 KiB the fetches, repeated while the
     // writers still copy, cost more than they save (0.85 -> 1.0 us).
-    const std::size_t early_end = bytes <= 512 ? small_data_at + bytes : 0;
+    const std::size_t early_from = std::max<std::size_t>(64, (small_data_at + read_from) & ~std::size_t(63));
+    const std::size_t early_end = read_bytes <= 512 ? small_data_at + read_from + read_bytes : 0;
     auto behind = [&]() {
       std::size_t lines = 0;
       for (std::size_t m = 0; m < L && lines < 16; ++m)
-        for (std::size_t at = 64; at < early_end && lines < 16; at += 64, ++lines)
+        for (std::size_t at = early_from; at < early_end && lines < 16; at += 64, ++lines)
           __builtin_prefetch(small_slot(static_cast<int>(m), parity) + at);
       for (std::size_t m = 0; m < L; ++m)
         if (small_seq(static_cast<int>(m), parity).load(std::memory_order_acquire) != step) return static_cast<int>(m);
@@ -296,18 +304,43 @@ CCLITE_SETUP_CODE_END
         return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
       }
     }
-    if (L == 1 || !bytes) {
+    return {};
+  }
+  /// Member `m`'s bytes in the last small_exchange(); valid until this
+  /// member's next one (a member rewrites a slot only two calls later).
+  const std::uint8_t* small_data(int m) const {
+    return small_slot(m, static_cast<int>(small_step_ & 1)) + small_data_at;
+  }
+
+  /// recv = reduction of every member's send (count x elem <= small_max_bytes;
+  /// send may equal recv) with one synchronisation (small_exchange), reduced
+  /// in member order on every member: the same bits everywhere.
+  template <class Probe>
+  status allreduce_small(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, const reduction& red,
+                         int divide_by, deadline until, const std::uint8_t* tag, int* odd, Probe&& probe) {
+    const std::size_t bytes = count * red.elem_size;
+    CCLITE_TRY(small_exchange(send, bytes, 0, bytes, until, tag, odd, probe));
+    if (members_.size() == 1 || !bytes) {
       if (bytes && recv != send) std::memcpy(recv, send, bytes);
       return {};
     }
-    // Member order on every member: the same bits everywhere. The slots stay
-    // valid until this member publishes its next call (see above).
-    red.copy(recv, small_slot(0, parity) + small_data_at, small_slot(1, parity) + small_data_at, count);
-    for (std::size_t m = 2; m < L; ++m) red.inplace(recv, small_slot(static_cast<int>(m), parity) + small_data_at, count);
-    if (divide_by > 0) red.divide(recv, count, divide_by);
+    small_reduce(recv, 0, count, red, divide_by);
     return {};
   }
-  /// What allreduce_small() read from member `m`'s tag in the last call.
+  /// recv = reduction, in member order, of `count` elements at byte `offset`
+  /// of every member's slot (after small_exchange), divided by `divide_by` when > 0.
+  void small_reduce(std::uint8_t* recv, std::size_t offset, std::size_t count, const reduction& red,
+                    int divide_by) const {
+    const std::size_t L = members_.size();
+    if (L == 1) {
+      std::memcpy(recv, small_data(0) + offset, count * red.elem_size);
+    } else {
+      red.copy(recv, small_data(0) + offset, small_data(1) + offset, count);
+      for (std::size_t m = 2; m < L; ++m) red.inplace(recv, small_data(static_cast<int>(m)) + offset, count);
+    }
+    if (divide_by > 0) red.divide(recv, count, divide_by);
+  }
+  /// What small_exchange() read from member `m`'s tag in the last call.
   const std::uint8_t* small_tag_of(int m) const { return small_slot(m, static_cast<int>(small_step_ & 1)) + 8; }
 
   /// recv = reduction of every member's send (count elements); send may equal
@@ -388,7 +421,7 @@ CCLITE_SETUP_CODE_END
     return *reinterpret_cast<std::atomic<std::uint32_t>*>(base(m) + 96);
   }
   std::uint8_t* output(int m) const { return base(m) + header_bytes + cap_; }
-  // allreduce_small's slots, in the header page after the counters: the
+  // small_exchange's slots, in the header page after the counters: the
   // call's number (8 bytes), the tag (16), then the data, whose first 40
   // bytes share the number's cache line (so calls up to 40 bytes move one line).
   static constexpr std::size_t small_area_at = 1024, small_data_at = 8 + small_tag_bytes;
@@ -468,7 +501,7 @@ CCLITE_SETUP_CODE_END
   int me_ = 0;
   std::size_t cap_ = 0;
   std::uint64_t step_ = 0;
-  std::uint64_t small_step_ = 0;  // allreduce_small's calls
+  std::uint64_t small_step_ = 0;  // small_exchange's calls
   bool window_ = false;
   std::vector<std::uint8_t> scratch_;  // allreduce_window, member >= 2: one piece
   const std::atomic<bool>* aborted_ = nullptr;
