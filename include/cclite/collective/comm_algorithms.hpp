@@ -73,6 +73,7 @@ class comm_algorithms : public comm_checks<Transports...> {
     CCLITE_TRY(ensure_links(peers, m, until));
     auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
       return with_links(peer, peer, red.elem_size, nullptr, until, [&](auto& pr) -> status {
+        pr.will_finish();  // the end pad leaves with the data (primitives.hpp)
         CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
         return pr.finish();
       });
@@ -208,6 +209,7 @@ class comm_algorithms : public comm_checks<Transports...> {
     for (int k = 1; k < n; ++k) {
       const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
       CCLITE_TRY(with_links(from, to, elem, nullptr, until, [&](auto& pr) -> status {
+        pr.will_finish();
         CCLITE_TRY(pr.sendrecv(send + sdispl(to) * elem, scount(to) * elem, recv + rdispl(from) * elem,
                                rcount(from) * elem));
         return pr.finish();

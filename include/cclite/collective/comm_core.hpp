@@ -389,6 +389,7 @@ CCLITE_SETUP_CODE_END
   status exchange_with(int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib,
                        std::size_t elem, deadline until) {
     return with_links(peer, peer, elem, nullptr, until, [&](auto& pr) -> status {
+      pr.will_finish();  // the end pad leaves with the data (primitives.hpp)
       CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
       return pr.finish();
     });

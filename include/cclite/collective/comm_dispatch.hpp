@@ -229,7 +229,10 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   template <class Prims>
   status point_to_point(Prims& pr, dtype t, const std::uint8_t* send, std::size_t sbytes, int dst,
                         std::uint8_t* recv, std::size_t rbytes, int src) {
+    // Each direction's last send carries the stream's end pad (will_finish,
+    // primitives.hpp): a 4-byte message costs one trip, not two.
     if (!check_mismatch_) {
+      pr.will_finish();
       CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
       return pr.finish();
     }
@@ -242,6 +245,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       // Our message fits the link buffer (or we only send): out at once,
       // envelope and data as one stream, then the peer's, so a small exchange
       // costs one trip.
+      pr.will_finish();
       CCLITE_TRY(pr.send_prefixed(out_env, ob, send, sbytes));
       if (ib) {
         CCLITE_TRY(pr.recv(in_env, ib));
@@ -251,6 +255,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     } else {  // both directions at once, envelopes first (no deadlock past the buffer)
       CCLITE_TRY(pr.sendrecv(out_env, ob, in_env, ib));
       CCLITE_TRY(envelope::check(in_env, t, rbytes / elem, src));
+      pr.will_finish();
       CCLITE_TRY(pr.sendrecv(send, sbytes, recv, rbytes));
     }
     return pr.finish();

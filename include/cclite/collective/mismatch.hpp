@@ -301,6 +301,7 @@ class checked_primitives {
     return p_.sendrecv(src, send_bytes, o, recv_bytes);
   }
   status finish() { return p_.finish(); }
+  void will_finish() noexcept { p_.will_finish(); }
   void stream_output(bool out, bool fifo) noexcept { p_.stream_output(out, fifo); }
 
   /// Sends our header to `next` if it has not had it in this collective.
