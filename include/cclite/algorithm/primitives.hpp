@@ -50,9 +50,9 @@ class primitives {
   /// carries the stream's end pad (finish()) itself, so a peer waiting for
   /// it in its own finish() has it with the data instead of one trip later.
   /// Matters when a collective's bytes to a peer are not a multiple of 8
-  /// (a 4-byte allreduce or sendrecv: 27 -> 14 us over tcp, 0.9 -> 0.65 us
-  /// over shm; docs/performance.md, "Session 17"). The bytes on the wire do
-  /// not change, only when the pad leaves.
+  /// (a 4-byte allreduce or sendrecv over tcp: 22-26 -> 11-13 us, over shm
+  /// 0.82-0.90 -> 0.68-0.75 us; docs/performance.md, "Session 17"). The
+  /// bytes on the wire do not change, only when the pad leaves.
   void will_finish() noexcept { last_ = true; }
 
   status send(const std::uint8_t* src, std::size_t bytes) {
