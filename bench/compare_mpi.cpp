@@ -87,8 +87,20 @@ std::string describe_mpi() {
   return s;
 }
 
+// What both sweeps need besides their calls: a barrier and the reductions
+// of the timing and of the #wrong counts over the ranks.
+struct mpi_sweep_sync {
+  void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
+  void max_over_ranks(double& v) { MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); }
+  void sum_over_ranks(std::uint64_t& v) {
+    unsigned long long w = v;
+    MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    v = w;
+  }
+};
+
 // The calls of coll_sweep (common/coll_sweep.hpp) on MPI: coll_perf's twin.
-struct mpi_coll_ops {
+struct mpi_coll_ops : mpi_sweep_sync {
   cclite::collective_kind kind;
   MPI_Datatype type;
   MPI_Op op;
@@ -106,13 +118,6 @@ struct mpi_coll_ops {
       default: MPI_Reduce(send, recv, n, type, op, root, MPI_COMM_WORLD); if (rank != root) return; break;
     }
     if (avg) bench::by_dtype(dtype_, [&](auto tag) { divide<decltype(tag)>(recv, s.count, size); });
-  }
-  void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
-  void max_over_ranks(double& v) { MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); }
-  void sum_over_ranks(std::uint64_t& v) {
-    unsigned long long w = v;
-    MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-    v = w;
   }
   cclite::dtype dtype_;
 };
@@ -196,14 +201,14 @@ int main(int argc, char** argv) {
   const std::string via = describe_mpi();
   table.header(via.c_str());
   if (other) {
-    mpi_coll_ops ops{kind, type, op, avg, root, rank, size, send.data(), recv.data(), a.type};
+    mpi_coll_ops ops{{}, kind, type, op, avg, root, rank, size, send.data(), recv.data(), a.type};
     const std::size_t wrong =
         bench::coll_sweep(a, table, bench::coll_case{kind, size, rank, root}, send.data(), recv.data(), ops);
     MPI_Finalize();
     return wrong == 0 ? 0 : 1;
   }
   // The calls of the sweep (common/perf_sweep.hpp), on MPI.
-  struct mpi_ops {
+  struct mpi_ops : mpi_sweep_sync {
     const bench::perf_args& a;
     MPI_Datatype type;
     MPI_Op op;
@@ -223,13 +228,6 @@ int main(int argc, char** argv) {
       if (avg) bench::by_dtype(a.type, [&](auto tag) { divide<decltype(tag)>(rbuf, count, size); });
     }
     void drain() {}
-    void barrier() { MPI_Barrier(MPI_COMM_WORLD); }
-    void max_over_ranks(double& v) { MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD); }
-    void sum_over_ranks(std::uint64_t& v) {
-      unsigned long long w = v;
-      MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-      v = w;
-    }
     void fill(std::size_t count) {
       bench::by_dtype(a.type, [&](auto tag) { bench::fill<decltype(tag)>(send, count, rank); });
     }
@@ -249,7 +247,7 @@ int main(int argc, char** argv) {
         return bench::count_wrong<decltype(tag)>(out(in_place), count, a.op, size);
       });
     }
-  } ops{a, type, op, avg, shift, rank, size, send.data(), recv.data()};
+  } ops{{}, a, type, op, avg, shift, rank, size, send.data(), recv.data()};
   const std::size_t total_wrong = bench::allreduce_sweep(a, table, ops);
   MPI_Finalize();
   return total_wrong == 0 ? 0 : 1;
