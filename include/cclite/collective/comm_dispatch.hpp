@@ -101,7 +101,10 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       started = true;
       detail::call_header h;
       if (check_mismatch_) h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
-      return this->run_small_call(d, check_mismatch_ ? &h : nullptr, true, until);
+      linkless_ = {check_mismatch_ ? &h : nullptr, true};  // for run_small, through the call's runner
+      status st = dispatch(d, until);
+      linkless_ = {};
+      return st;
     }
     if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d, until);
     started = true;
@@ -117,11 +120,19 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
 
   // ---- algorithms per collective ------------------------------------------------------
 
-  // The first small call of a kind builds the node-wide small group (later
-  // ones take dispatch_checked's small path, ahead of the header exchange).
+  // shm-direct's small path for a call of kind K (comm_shared.hpp). Once the
+  // node-wide small group exists, dispatch_checked sends small calls here
+  // ahead of the header exchange (linkless_ holds their header); the first
+  // small call of a job comes through the links and builds the group.
+  template <collective_kind K>
   status run_small(const op_desc& d, deadline until) {
-    return this->run_small_call(d, hdr_.active ? &hdr_.out : nullptr, false, until);
+    if (linkless_.on) return this->template run_small_call<K>(d, linkless_.h, true, until);
+    return this->template run_small_call<K>(d, hdr_.active ? &hdr_.out : nullptr, false, until);
   }
+  struct {
+    const detail::call_header* h = nullptr;
+    bool on = false;
+  } linkless_;
 
   // The call's own code: d.runner, which communicator sets to run_kind<K>.
   status dispatch(const op_desc& d, deadline until) {
@@ -153,7 +164,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     auto ring = [&](auto&& fn) { return this->with_links(prev, next, elem, &red, until, fn); };
     if constexpr (K == ck::allreduce) {
       if (n == 1) return local_copy(send, recv, bytes);
-      if (this->small_direct(d)) return run_small(d, until);
+      if (this->small_direct(d)) return run_small<K>(d, until);
       if (auto* w = this->window_call(d)) return run_window_allreduce(*w, recv, d.count, red, until);
       switch (select_.choose(K, bytes, n)) {
         case algorithm::rd: return this->run_rd_allreduce(send, recv, d.count, red, until);
@@ -170,37 +181,39 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       return ring([&](auto& pr) { return ring_allreduce(pr, send, recv, d.count, elem, red, n, pos, chunk); });
     } else if constexpr (K == ck::broadcast) {
       if (n == 1) return {};
-      if (this->small_direct(d)) return run_small(d, until);
+      if (this->small_direct(d)) return run_small<K>(d, until);
       if (select_.choose(K, bytes, n) == algorithm::tree) return this->run_tree_broadcast(recv, bytes, d.root, elem, until);
       const int rel = (pos - topo_.ring_position(d.root) + n) % n;
       return ring([&](auto& pr) { return ring_broadcast(pr, recv, bytes, n, rel); });
     } else if constexpr (K == ck::barrier) {
       if (n == 1) return {};
-      if (this->small_direct(d)) return run_small(d, until);
+      if (this->small_direct(d)) return run_small<K>(d, until);
       return ring([&](auto& pr) { return ring_barrier(pr, n, pos); });
     } else if constexpr (K == ck::reduce) {
       if (d.count && !send) return make_error(errc::invalid_argument, "reduce: null send buffer");
       if (d.count && rank_ == d.root && !recv) return make_error(errc::invalid_argument, "reduce: null recv buffer on the root");
       if (n == 1) return local_copy(send, recv, bytes);
-      if (this->small_direct(d)) return run_small(d, until);
+      if (this->small_direct(d)) return run_small<K>(d, until);
       if (select_.choose(K, bytes, n) == algorithm::tree)
         return this->run_tree_reduce(send, recv, d.count, d.root, red, until);
       const int rel = (pos - topo_.ring_position(d.root) + n) % n;
       return ring([&](auto& pr) { return chain_reduce(pr, send, recv, d.count, elem, red, n, rel); });
     } else if constexpr (K == ck::allgather || K == ck::allgatherv) {
-      if (K == ck::allgather && n > 1 && this->small_direct(d)) return run_small(d, until);
+      if constexpr (K == ck::allgather)
+        if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);
       return run_allgather(d, send, recv, elem, until);
     } else if constexpr (K == ck::reduce_scatter) {
       if (n == 1) return local_copy(send, recv, bytes);
-      if (this->small_direct(d)) return run_small(d, until);
+      if (this->small_direct(d)) return run_small<K>(d, until);
       return ring([&](auto& pr) {
         return ring_reduce_scatter(pr, send, recv, d.count, elem, red, n, pos, topo_.ring().data(), rank_, chunk);
       });
     } else if constexpr (K == ck::gather || K == ck::scatter) {
-      if (n > 1 && this->small_direct(d)) return run_small(d, until);
+      if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);
       return run_rooted_direct(d, send, recv, bytes, elem, until);
     } else if constexpr (K == ck::alltoall || K == ck::alltoallv) {
-      if (K == ck::alltoall && n > 1 && this->small_direct(d)) return run_small(d, until);
+      if constexpr (K == ck::alltoall)
+        if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);
       return run_alltoall(d, send, recv, elem, until);
     } else if constexpr (K == ck::group) {
       return this->run_group(d, until);

@@ -244,13 +244,49 @@ CCLITE_SETUP_CODE_END
 
   // `h`: this call's header, or null when checking is off. `linkless`: the
   // call sent nothing down the links (else its header went to the ring
-  // successor as usual, and the wait only looks for a closed link).
+  // successor as usual, and the wait only looks for a closed link). The
+  // tail is one instance per kind K (comm_dispatch::dispatch_kind<K>): a
+  // program compiles the small path of the collectives it calls only.
+  template <collective_kind K>
   status run_small_call(const op_desc& d, const call_header* h, bool linkless, deadline until) {
     if constexpr (has_direct) {
       using ck = collective_kind;
-      CCLITE_TRY(ensure_small(until));
-      const std::size_t block = d.kind == ck::barrier ? 0 : d.count * size_of(d.type);  // one rank's block
+      const std::size_t block = K == ck::barrier ? 0 : d.count * size_of(d.type);  // one rank's block
       const bool is_root = rank_ == d.root;
+      // What this rank writes (broadcast: its one buffer; broadcast and
+      // scatter: the root only), and which part of each slot it reads back.
+      const auto* send = static_cast<const std::uint8_t*>(K == ck::broadcast ? d.recv : d.send);
+      auto* recv = static_cast<std::uint8_t*>(d.recv);
+      const bool gives = !(K == ck::broadcast || K == ck::scatter) || is_root;
+      const std::size_t read_from =
+          K == ck::reduce_scatter || K == ck::alltoall || K == ck::scatter ? static_cast<std::size_t>(rank_) * block : 0;
+      CCLITE_TRY(small_exchange(send, gives ? small_slot_bytes(d) : 0, read_from, block, h, linkless, until));
+      if (!block) return {};
+      // Every slot stays valid until this rank's next small call (direct.hpp).
+      if constexpr (K == ck::allreduce || K == ck::reduce || K == ck::reduce_scatter) {
+        if (K == ck::reduce && !is_root) return {};
+        const reduction red = d.kernels ? d.kernels(d.type, d.op) : reduction{};
+        small_->small_reduce(recv, read_from, d.count, red, red.needs_divide ? size_ : 0);
+      } else if constexpr (K == ck::broadcast || K == ck::scatter) {
+        if (K == ck::scatter || !is_root) std::memcpy(recv, small_->small_data(d.root) + read_from, block);
+      } else if constexpr (K == ck::allgather || K == ck::gather || K == ck::alltoall) {
+        if (K == ck::gather && !is_root) return {};
+        for (int r = 0; r < size_; ++r)
+          std::memcpy(recv + static_cast<std::size_t>(r) * block, small_->small_data(r) + read_from, block);
+      }
+      return {};
+    } else {
+      (void)d, (void)h, (void)linkless, (void)until;
+      return make_error(errc::unsupported, "shm-direct needs the shm transport");
+    }
+  }
+
+  // The part of every small call that does not depend on its kind: the
+  // group, the exchange of slots (direct.hpp small_exchange), the mismatch.
+  status small_exchange(const std::uint8_t* send, std::size_t bytes, std::size_t read_from, std::size_t read_bytes,
+                        const call_header* h, bool linkless, deadline until) {
+    if constexpr (has_direct) {
+      CCLITE_TRY(ensure_small(until));
       static_assert(call_header::compact_bytes == group_t::small_tag_bytes, "small tag size");
       std::uint8_t tag[call_header::compact_bytes];
       if (h) h->encode_compact(tag);
@@ -259,53 +295,13 @@ CCLITE_SETUP_CODE_END
       auto probe = [&]() -> status {
         return h && linkless ? this->stray_on_link(prev, *h) : this->link_status(prev);
       };
-      // What this rank writes, and which part of each slot it reads back.
-      const auto* send = static_cast<const std::uint8_t*>(d.send);
-      auto* recv = static_cast<std::uint8_t*>(d.recv);
-      std::size_t bytes = small_slot_bytes(d), read_from = 0, read_bytes = block;
-      const std::uint8_t* out = send;
-      if (d.kind == ck::broadcast) out = recv;  // broadcast's one buffer
-      if ((d.kind == ck::broadcast || d.kind == ck::scatter) && !is_root) bytes = 0;
-      if (d.kind == ck::reduce_scatter || d.kind == ck::alltoall || d.kind == ck::scatter)
-        read_from = static_cast<std::size_t>(rank_) * block;
-      status st = small_->small_exchange(out, bytes, read_from, read_bytes, until, h ? tag : nullptr, &odd, probe);
+      status st = small_->small_exchange(send, bytes, read_from, read_bytes, until, h ? tag : nullptr, &odd, probe);
       if (st.code() == errc::mismatch && odd >= 0 && h)
         return mismatch_error(*h, rank_, call_header::decode_compact(small_->small_tag_of(odd)),
                               peers_[static_cast<std::size_t>(odd)].rank);
-      CCLITE_TRY(st);
-      // Every slot stays valid until this rank's next small call (direct.hpp).
-      auto data = [&](int r) { return small_->small_data(r); };
-      const reduction red = d.kernels ? d.kernels(d.type, d.op) : reduction{};
-      const int divide_by = red.needs_divide ? size_ : 0;
-      switch (d.kind) {
-        case ck::allreduce:
-          if (block) small_->small_reduce(recv, 0, d.count, red, divide_by);
-          break;
-        case ck::reduce:
-          if (block && is_root) small_->small_reduce(recv, 0, d.count, red, divide_by);
-          break;
-        case ck::reduce_scatter:
-          if (block) small_->small_reduce(recv, read_from, d.count, red, divide_by);
-          break;
-        case ck::broadcast:
-          if (block && !is_root) std::memcpy(recv, data(d.root), block);
-          break;
-        case ck::scatter:
-          if (block) std::memcpy(recv, data(d.root) + read_from, block);
-          break;
-        case ck::allgather: case ck::gather:
-          if (d.kind == ck::gather && !is_root) break;
-          for (int r = 0; r < size_ && block; ++r) std::memcpy(recv + static_cast<std::size_t>(r) * block, data(r), block);
-          break;
-        case ck::alltoall:
-          for (int r = 0; r < size_ && block; ++r)
-            std::memcpy(recv + static_cast<std::size_t>(r) * block, data(r) + read_from, block);
-          break;
-        default: break;  // barrier
-      }
-      return {};
+      return st;
     } else {
-      (void)d, (void)h, (void)until;
+      (void)send, (void)bytes, (void)read_from, (void)read_bytes, (void)h, (void)linkless, (void)until;
       return make_error(errc::unsupported, "shm-direct needs the shm transport");
     }
   }
