@@ -35,9 +35,9 @@
 // tag (the caller's call header, compacted) and then the call's number into
 // one slot of its header page, the first 40 data bytes sharing the number's
 // line, and reads what it needs from every member's slot itself: an
-// allreduce (allreduce_small) reduces them all, in member order; the
-// communicator's other small collectives copy or reduce their blocks
-// (comm_shared.hpp). An 8-byte call
+// allreduce reduces them all in member order (small_reduce: the same bits on
+// every member), the other collectives copy or reduce their blocks
+// (comm_shared.hpp, run_small_call). An 8-byte call
 // moves one cache line per member and direction, where a FIFO hand-off moves
 // three (head index, data, header). Two slots alternate by call parity: a
 // member rewrites a slot only two calls later, after everyone published the
@@ -312,21 +312,6 @@ CCLITE_SETUP_CODE_END
     return small_slot(m, static_cast<int>(small_step_ & 1)) + small_data_at;
   }
 
-  /// recv = reduction of every member's send (count x elem <= small_max_bytes;
-  /// send may equal recv) with one synchronisation (small_exchange), reduced
-  /// in member order on every member: the same bits everywhere.
-  template <class Probe>
-  status allreduce_small(const std::uint8_t* send, std::uint8_t* recv, std::size_t count, const reduction& red,
-                         int divide_by, deadline until, const std::uint8_t* tag, int* odd, Probe&& probe) {
-    const std::size_t bytes = count * red.elem_size;
-    CCLITE_TRY(small_exchange(send, bytes, 0, bytes, until, tag, odd, probe));
-    if (members_.size() == 1 || !bytes) {
-      if (bytes && recv != send) std::memcpy(recv, send, bytes);
-      return {};
-    }
-    small_reduce(recv, 0, count, red, divide_by);
-    return {};
-  }
   /// recv = reduction, in member order, of `count` elements at byte `offset`
   /// of every member's slot (after small_exchange), divided by `divide_by` when > 0.
   void small_reduce(std::uint8_t* recv, std::size_t offset, std::size_t count, const reduction& red,
