@@ -46,9 +46,10 @@ class primitives {
       : prev_(prev), next_(next), elem_(elem), red_(red), until_(until),
         piece_(std::max(align_down(piece_bytes, max_dtype_size), std::size_t(max_dtype_size))) {}
 
-  /// A promise that no send follows this collective's next one: that send
-  /// carries the stream's end pad (finish()) itself, so a peer waiting for
-  /// it in its own finish() has it with the data instead of one trip later.
+  /// A promise that no send follows this collective's next sending verb
+  /// (send, send_prefixed, sendrecv, recv_copy_send, recv_reduce_send): that
+  /// verb carries the stream's end pad (finish()) itself, so a peer waiting
+  /// for it in its own finish() has it with the data instead of one trip later.
   /// Matters when a collective's bytes to a peer are not a multiple of 8
   /// (a 4-byte allreduce or sendrecv over tcp: 22-26 -> 11-13 us, over shm
   /// 0.82-0.90 -> 0.68-0.75 us; docs/performance.md, "Session 17"). The
@@ -81,10 +82,11 @@ class primitives {
   }
 
   status recv_copy_send(std::uint8_t* out, std::size_t bytes) {
-    return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
+    CCLITE_TRY(pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
       keep(out + off, in, n);
       std::memcpy(dst, in, n);
-    });
+    }));
+    return last_ ? pad_out() : status{};
   }
 
   /// Until finish(), for calls larger than the cache: `out` (recv,
@@ -99,9 +101,10 @@ class primitives {
   }
 
   status recv_reduce_send(const std::uint8_t* local, std::size_t bytes) {
-    return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
+    CCLITE_TRY(pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
       red_->copy(dst, local + off, in, n / elem_);
-    });
+    }));
+    return last_ ? pad_out() : status{};
   }
 
   /// out = local (op) prev; forwards out. With `divide_by` > 0 (reduce_op::avg)

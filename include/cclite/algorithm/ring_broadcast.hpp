@@ -14,6 +14,7 @@ namespace cclite {
 template <class Prims>
 status ring_broadcast(Prims& prims, std::uint8_t* buf, std::size_t bytes, int n, int rel) {
   if (n == 1) return {};
+  prims.will_finish();  // one verb each: it carries the end pad
   if (rel == 0) CCLITE_TRY(prims.send(buf, bytes));
   else if (rel == n - 1) CCLITE_TRY(prims.recv(buf, bytes));
   else CCLITE_TRY(prims.recv_copy_send(buf, bytes));

@@ -43,10 +43,14 @@ status ring_allgather(Prims& prims, std::uint8_t* recv, std::size_t elem, int n,
     return (hi - lo) * elem;
   };
   for (std::size_t rd = 0; rd < rounds; ++rd) {
+    // The last sending verb carries the stream's end pad (primitives::will_finish).
+    const bool last = rd + 1 == rounds;
     std::size_t at = 0, bytes = part(block_at(0), rd, at);
+    if (last && n == 2) prims.will_finish();
     CCLITE_TRY(prims.send(recv + at, bytes));                       // our own block
     for (int k = 1; k < n - 1; ++k) {
       bytes = part(block_at(k), rd, at);
+      if (last && k == n - 2) prims.will_finish();
       CCLITE_TRY(prims.recv_copy_send(recv + at, bytes));           // keep and pass on
     }
     bytes = part(block_at(n - 1), rd, at);
@@ -74,8 +78,13 @@ status ring_reduce_scatter(Prims& prims, const std::uint8_t* send, std::uint8_t*
   for (std::size_t rd = 0; rd < rounds; ++rd) {
     const std::size_t lo = rd * chunk, len = std::min(chunk, count - lo), bytes = len * elem;
     auto at = [&](int k) { return (block_at(k) * count + lo) * elem; };
+    const bool last = rd + 1 == rounds;  // its last sending verb carries the end pad
+    if (last && n == 2) prims.will_finish();
     CCLITE_TRY(prims.send(send + at(0), bytes));
-    for (int k = 1; k < n - 1; ++k) CCLITE_TRY(prims.recv_reduce_send(send + at(k), bytes));
+    for (int k = 1; k < n - 1; ++k) {
+      if (last && k == n - 2) prims.will_finish();
+      CCLITE_TRY(prims.recv_reduce_send(send + at(k), bytes));
+    }
     std::uint8_t* out = recv + lo * elem;
     CCLITE_TRY(prims.recv_reduce_copy(send + at(n - 1), out, bytes));
     if (red.needs_divide) red.divide(out, len, n);
@@ -93,6 +102,7 @@ status chain_reduce(Prims& prims, const std::uint8_t* send, std::uint8_t* recv, 
     if (bytes && send != recv) std::memcpy(recv, send, bytes);
     return {};
   }
+  prims.will_finish();  // one verb each: it carries the end pad
   if (rel == 1) {
     CCLITE_TRY(prims.send(send, bytes));                    // the chain starts after the root
   } else if (rel != 0) {
