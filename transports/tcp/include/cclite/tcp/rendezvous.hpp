@@ -227,18 +227,22 @@ inline status serve_in_child_process(store_server& s) {
     return {};
   }
   ::close(p[1]);
-  for (;;) {
-    if (s.progress(200, p[0], POLLIN) != 0) {
-      unsigned char msg[5];
-      if (::read(p[0], msg, sizeof msg) == static_cast<ssize_t>(sizeof msg) && msg[0] == 'D') {
-        std::uint32_t ms = 0;
-        std::memcpy(&ms, msg + 1, sizeof ms);
-        s.drain_clients(deadline::after(milliseconds(ms)));
-      }
-      ::_exit(0);  // drained, or rank 0's end closed
+  // Serves a drain request if one is waiting, then ends this process.
+  auto finish = [&] {
+    unsigned char msg[5];
+    if (::recv(p[0], msg, sizeof msg, MSG_DONTWAIT) == static_cast<ssize_t>(sizeof msg) && msg[0] == 'D') {
+      std::uint32_t ms = 0;
+      std::memcpy(&ms, msg + 1, sizeof ms);
+      s.drain_clients(deadline::after(milliseconds(ms)));
     }
-    // Rank 0 is gone but its end stayed open (a later fork of rank 0 holds it).
-    if (::getppid() != parent) ::_exit(0);
+    ::_exit(0);  // drained, or rank 0's end closed
+  };
+  for (;;) {
+    if (s.progress(200, p[0], POLLIN) != 0) finish();
+    // Rank 0 is gone but its end stayed open (a later fork of rank 0 holds
+    // it), or it left right after asking for a drain that this round of
+    // progress() did not see: finish() still reads that request.
+    if (::getppid() != parent) finish();
   }
 }
 #endif
