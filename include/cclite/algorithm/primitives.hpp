@@ -46,10 +46,10 @@ class primitives {
       : prev_(prev), next_(next), elem_(elem), red_(red), until_(until),
         piece_(std::max(align_down(piece_bytes, max_dtype_size), std::size_t(max_dtype_size))) {}
 
-  /// A promise that no send follows this collective's next sending verb
-  /// (send, send_prefixed, sendrecv, recv_copy_send, recv_reduce_send): that
-  /// verb carries the stream's end pad (finish()) itself, so a peer waiting
-  /// for it in its own finish() has it with the data instead of one trip later.
+  /// A promise that no send follows this collective's next verb that sends:
+  /// that verb carries the stream's end pad (finish()) itself, so a peer
+  /// waiting for it in its own finish() has it with the data instead of one
+  /// trip later.
   /// Matters when a collective's bytes to a peer are not a multiple of 8
   /// (a 4-byte allreduce or sendrecv over tcp: 22-26 -> 11-13 us, over shm
   /// 0.82-0.90 -> 0.68-0.75 us; docs/performance.md, "Session 17"). The
@@ -57,22 +57,20 @@ class primitives {
   void will_finish() noexcept { last_ = true; }
 
   status send(const std::uint8_t* src, std::size_t bytes) {
-    CCLITE_TRY(pump(bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
+    return pump(bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
       pass_on(dst, src + off, n);
-    }));
-    return last_ ? pad_out() : status{};
+    });
   }
 
   /// next <- head (hbytes), then src (bytes), as one stream: a small
   /// message and its header reach the peer in one piece (point-to-point
   /// envelopes, p2p_envelope.hpp).
   status send_prefixed(const std::uint8_t* head, std::size_t hbytes, const std::uint8_t* src, std::size_t bytes) {
-    CCLITE_TRY(pump(hbytes + bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
+    return pump(hbytes + bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
       const std::size_t h = off < hbytes ? std::min(n, hbytes - off) : 0;
       if (h) std::memcpy(dst, head + off, h);
       if (n > h) pass_on(dst + h, src + (off + h - hbytes), n - h);
-    }));
-    return last_ ? pad_out() : status{};
+    });
   }
 
   status recv(std::uint8_t* out, std::size_t bytes) {
@@ -82,11 +80,10 @@ class primitives {
   }
 
   status recv_copy_send(std::uint8_t* out, std::size_t bytes) {
-    CCLITE_TRY(pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
+    return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
       keep(out + off, in, n);
       std::memcpy(dst, in, n);
-    }));
-    return last_ ? pad_out() : status{};
+    });
   }
 
   /// Until finish(), for calls larger than the cache: `out` (recv,
@@ -101,10 +98,9 @@ class primitives {
   }
 
   status recv_reduce_send(const std::uint8_t* local, std::size_t bytes) {
-    CCLITE_TRY(pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
+    return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
       red_->copy(dst, local + off, in, n / elem_);
-    }));
-    return last_ ? pad_out() : status{};
+    });
   }
 
   /// out = local (op) prev; forwards out. With `divide_by` > 0 (reduce_op::avg)
@@ -317,8 +313,11 @@ class primitives {
       done += n;
     }
     if (in) received_ += bytes;
-    if (out) sent_ += bytes;
-    return {};
+    if (!out) return {};
+    sent_ += bytes;
+    // After will_finish(): the end pad follows at once (pad_out's own pump
+    // ends aligned, so this does not recurse further).
+    return last_ && end_pad(sent_) ? pad_out() : status{};
   }
 
   Prev& prev_;
