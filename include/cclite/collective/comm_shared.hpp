@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -305,6 +306,144 @@ CCLITE_SETUP_CODE_END
       return make_error(errc::unsupported, "shm-direct needs the shm transport");
     }
   }
+
+  // Single-copy collectives on one node (shm/cma.hpp): allgather, alltoall
+  // (out of place), broadcast, gather and scatter whose block (what a rank
+  // reads from one peer) is within CCLITE_SHM_CMA_MIN .. _MAX. Each rank
+  // publishes where its data lies through small_exchange (the call header
+  // rides in the slot as on the small path), reads what it needs straight
+  // from the peers' buffers, then a second exchange tells every rank that
+  // all reads are done (nobody returns, and reuses a buffer, while a peer
+  // still reads it) and whether each worked: a failed read (a peer's buffer
+  // shorter than its count says, EFAULT) fails the call on every rank, never
+  // a crash. One copy per byte where the FIFOs make two: 2 ranks, allgather
+  // of 1-4 MiB 20-25 % faster (docs/performance.md, "Session 18").
+  //
+  // Whether process_vm_readv works here (ptrace policy, pid namespaces,
+  // seccomp) is probed by the first call that would take the path, on every
+  // rank alike: each reads a word of every peer and all agree; where any
+  // read fails, every rank keeps the links and the INFO log says why.
+  enum class cma_state : std::uint8_t { unknown, on, off };
+
+  bool single_copy(const op_desc& d) const {
+    using ck = collective_kind;
+    if (!has_direct || cma_ == cma_state::off) return false;
+    if (d.kind != ck::allgather && d.kind != ck::alltoall && d.kind != ck::broadcast && d.kind != ck::gather &&
+        d.kind != ck::scatter)
+      return false;
+    if (d.kind == ck::alltoall && d.send == d.recv) return false;  // in place: peers would read what we overwrite
+    // The compact call header holds the root in one byte (as small_slot_bytes).
+    if ((d.kind == ck::broadcast || d.kind == ck::gather || d.kind == ck::scatter) && (d.root < 0 || d.root > 255))
+      return false;
+    const std::size_t elem = size_of(d.type);
+    if (!d.count || d.count > SIZE_MAX / elem / static_cast<std::size_t>(size_)) return false;
+    return select_.single_copy(d.kind, d.count * elem);
+  }
+  bool single_copy_ready(const op_desc& d) const { return small_ && cma_ == cma_state::on && single_copy(d); }
+
+  // The first call that would take the single-copy path finds out, on every
+  // rank alike, whether it works (see above).
+  status ensure_single_copy(deadline until) {
+    if constexpr (has_direct) {
+      if (cma_ != cma_state::unknown) return {};
+      CCLITE_TRY(ensure_small(until));
+      static const std::uint64_t word = 0x636c697465636d61;  // "amcetilc": what every peer must read back
+      const std::uint64_t where = reinterpret_cast<std::uintptr_t>(&word);
+      CCLITE_TRY(small_exchange(reinterpret_cast<const std::uint8_t*>(&where), sizeof where, 0, sizeof where,
+                                nullptr, false, until));
+      status bad;
+      if (!small_->members_readable()) bad = make_error(errc::unsupported, "the ranks run in different pid namespaces");
+      for (int k = 1; k < size_ && bad.ok(); ++k) {
+        const int m = (rank_ + k) % size_;
+        std::uint64_t at = 0, got = 0;
+        std::memcpy(&at, small_->small_data(m), sizeof at);
+        bad = small_->read_member(m, &got, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(at)), sizeof got);
+        if (bad.ok() && got != word)
+          bad = make_error(errc::protocol_error, "read %#llx from %s instead of the probe word",
+                           static_cast<unsigned long long>(got), peers_[static_cast<std::size_t>(m)].describe().c_str());
+      }
+      CCLITE_TRY(all_done(bad.ok(), until));
+      int failed = -1;
+      for (int m = 0; m < size_ && failed < 0; ++m)
+        if (!small_->small_data(m)[0]) failed = m;
+      cma_ = failed < 0 ? cma_state::on : cma_state::off;
+      if (!bad.ok()) CCLITE_INFO(log_, "shm-direct single copy is off: %s", bad.message().c_str());
+      else if (failed >= 0)
+        CCLITE_INFO(log_, "shm-direct single copy is off: rank %d cannot read its peers' memory (its INFO log says why)",
+                    failed);
+      return {};
+    } else {
+      (void)until;
+      return {};
+    }
+  }
+
+  // The single-copy call of kind K (see above); `h`, `linkless` as for
+  // run_small_call. A block of 0 bytes never comes here (single_copy()).
+  template <collective_kind K>
+  status run_single_copy(const op_desc& d, const call_header* h, bool linkless, deadline until) {
+    if constexpr (has_direct) {
+      using ck = collective_kind;
+      const std::size_t block = d.count * size_of(d.type);
+      const auto* send = static_cast<const std::uint8_t*>(d.send);
+      auto* recv = static_cast<std::uint8_t*>(d.recv);
+      const std::size_t me = static_cast<std::size_t>(rank_);
+      // Where this rank's data lies: broadcast's one buffer, else the send buffer.
+      const std::uint64_t where = reinterpret_cast<std::uintptr_t>(K == ck::broadcast ? d.recv : d.send);
+      CCLITE_TRY(small_exchange(reinterpret_cast<const std::uint8_t*>(&where), sizeof where, 0, sizeof where, h,
+                                linkless, until));
+      auto from = [&](int m, std::size_t offset) {
+        std::uint64_t at = 0;
+        std::memcpy(&at, small_->small_data(m), sizeof at);
+        return reinterpret_cast<const void*>(static_cast<std::uintptr_t>(at + offset));
+      };
+      // Each rank starts with its successor, so that the ranks do not all
+      // read the same peer at once.
+      status got;
+      auto read_all = [&](auto&& one) {
+        for (int k = 1; k < size_ && got.ok(); ++k) got = one((rank_ + k) % size_);
+      };
+      const std::size_t root = static_cast<std::size_t>(d.root);
+      auto copy = [block](const std::uint8_t* a, std::uint8_t* b) {
+        if (a != b) std::memcpy(b, a, block);
+      };
+      if constexpr (K == ck::allgather || K == ck::gather) {
+        if (K == ck::allgather || rank_ == d.root) {
+          copy(send, recv + me * block);
+          read_all([&](int m) { return small_->read_member(m, recv + static_cast<std::size_t>(m) * block, from(m, 0), block); });
+        }
+      } else if constexpr (K == ck::alltoall) {
+        copy(send + me * block, recv + me * block);
+        read_all([&](int m) { return small_->read_member(m, recv + static_cast<std::size_t>(m) * block, from(m, me * block), block); });
+      } else if constexpr (K == ck::broadcast) {
+        if (rank_ != d.root) got = small_->read_member(d.root, recv, from(d.root, 0), block);
+      } else {
+        static_assert(K == ck::scatter, "no single-copy path for this kind");
+        if (rank_ == d.root) copy(send + root * block, recv);
+        else got = small_->read_member(d.root, recv, from(d.root, me * block), block);
+      }
+      CCLITE_TRY(all_done(got.ok(), until));
+      if (!got.ok()) return got;
+      for (int m = 0; m < size_; ++m) {
+        if (small_->small_data(m)[0]) continue;
+        return make_error(errc::system_error, "%s could not read its peers' buffers (single copy; its error says why)",
+                          peers_[static_cast<std::size_t>(m)].describe().c_str());
+      }
+      return {};
+    } else {
+      (void)d, (void)h, (void)linkless, (void)until;
+      return make_error(errc::unsupported, "shm-direct needs the shm transport");
+    }
+  }
+
+  // The second exchange of a single-copy call (and of the probe): every rank
+  // has finished reading, and says whether its reads worked (one byte each).
+  status all_done(bool ok, deadline until) {
+    const std::uint8_t flag = ok ? 1 : 0;
+    return small_exchange(&flag, 1, 0, 1, nullptr, false, until);
+  }
+
+  cma_state cma_ = cma_state::unknown;
 
   // Up to this size an in-place allreduce on a window takes the ordinary
   // path: the window's two all-rank synchronisations cost more than recursive
