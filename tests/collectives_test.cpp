@@ -10,14 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <functional>
-#include <string>
 #include <vector>
-
-#include <linux/capability.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "support/comm.hpp"
 #include "support/mp.hpp"
@@ -256,8 +249,7 @@ int check_v_and_p2p(default_communicator& c) {
   return bad;
 }
 
-void run(int size, net how, bool all_dtypes, const char* algo = "",
-         const std::function<void(int rank)>& more_env = nullptr) {
+void run(int size, net how, bool all_dtypes, const char* algo = "") {
   test::temp_dir dir;
   auto r = test::run_ranks(
       size,
@@ -281,7 +273,6 @@ void run(int size, net how, bool all_dtypes, const char* algo = "",
       std::chrono::seconds(240), [&](int rank) {
         test::set_net_env(how, rank, size);
         ::setenv("CCLITE_ALGO", algo, 1);
-        if (more_env) more_env(rank);
       });
   INFO("size ", size, " net ", test::to_string(how), " CCLITE_ALGO=", algo, ": ", r.describe());
   CHECK(r.all_ok());
@@ -408,98 +399,6 @@ TEST_CASE("collectives: shm-direct's small path for every collective, at its lim
         std::chrono::seconds(120), [&](int rank) { test::set_net_env(net::shm_only, rank, size); });
     INFO(size, " ranks: ", r.describe());
     CHECK(r.all_ok());
-  }
-}
-
-// shm-direct's single copy (comm_shared.hpp): every call past the small path
-// takes it here (CCLITE_SHM_CMA_MIN=0: allgather and alltoall out of place;
-// broadcast, gather and scatter forced), with every check of the collectives
-// above. Each rank's INFO log must show the path taken, or, where this
-// machine forbids reading a sibling's memory, that the probe turned it off
-// (the results are checked either way).
-TEST_CASE("collectives: shm-direct single copy (process_vm_readv), 2 and 4 ranks") {
-  const bool cma = test::cma_between_siblings();
-  if (!cma) MESSAGE("process_vm_readv between sibling processes is refused here: checking the fallback only");
-  for (int size : {2, 4}) {
-    test::temp_dir logs;
-    run(size, net::shm_only, false, "broadcast:direct,gather:direct,scatter:direct", [&](int) {
-      ::setenv("CCLITE_SHM_CMA_MIN", "0", 1);
-      ::setenv("CCLITE_DEBUG", "INFO", 1);
-      ::setenv("CCLITE_DEBUG_FILE", (logs.path + "/log.%r").c_str(), 1);
-    });
-    for (int r = 0; r < size; ++r) {
-      const std::string log = test::read_text(logs.path + "/log." + std::to_string(r));
-      INFO(size, " ranks, rank ", r, "'s log:\n", log);
-      if (!cma) {
-        CHECK(log.find("single copy is off") != std::string::npos);
-        continue;
-      }
-      CHECK(log.find("single copy is off") == std::string::npos);
-      for (const char* kind : {"allgather", "alltoall", "broadcast", "gather", "scatter"}) {
-        // the INFO line of the 1031-element calls (4124 bytes per block)
-        const std::size_t at = log.find(std::string("INFO ") + kind + ": 4124 bytes");
-        CHECK_MESSAGE(at != std::string::npos, kind);
-        const std::string want = "algorithm shm-direct single copy";
-        if (at != std::string::npos) CHECK(log.compare(log.find("algorithm ", at), want.size(), want) == 0);
-      }
-    }
-  }
-}
-
-namespace {
-
-// Clears `cap` from this process's effective capabilities (a no-op for a
-// process without it).
-bool drop_effective_capability(int cap) {
-  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct d[2] = {};
-  if (::syscall(SYS_capget, &h, d) != 0) return false;
-  d[cap / 32].effective &= ~(1u << (cap % 32));
-  return ::syscall(SYS_capset, &h, d) == 0;
-}
-
-}  // namespace
-
-// Where a rank may not read a peer's memory, the probe of the first
-// single-copy call turns the path off on every rank, and the calls run over
-// the links with the same results. Rank 1 makes itself non-dumpable and rank 0
-// gives up CAP_SYS_PTRACE (tests may run as root), so rank 0's reads of rank
-// 1 get EPERM.
-TEST_CASE("collectives: single copy refused by the ptrace policy: every rank keeps the links") {
-  test::temp_dir dir, logs;
-  auto r = test::run_ranks(
-      2,
-      [&](int rank, int sz) {
-        if (rank == 1) MP_CHECK(::prctl(PR_SET_DUMPABLE, 0) == 0);
-        if (rank == 0) MP_CHECK(drop_effective_capability(CAP_SYS_PTRACE));
-        auto kv = test::open_dir_store(dir.path);
-        auto c = test::make_comm(*kv, rank, sz);
-        const std::size_t count = 1u << 17;  // 512 KiB blocks: the single copy's sizes
-        std::vector<float> mine(count, static_cast<float>(rank + 1)), all(2 * count, 0.0f);
-        MP_REQUIRE_OK(c->allgather(mine.data(), all.data(), count, dtype::float32));
-        MP_CHECK(all[0] == 1.0f && all[count - 1] == 1.0f && all[count] == 2.0f && all.back() == 2.0f);
-        std::vector<float> a(2 * count), b(2 * count, 0.0f);
-        for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(rank * 10 + static_cast<int>(i / count));
-        MP_REQUIRE_OK(c->alltoall(a.data(), b.data(), count, dtype::float32));
-        // block p of rank q lands as block q on rank p
-        MP_CHECK(b[0] == static_cast<float>(rank) && b[2 * count - 1] == static_cast<float>(10 + rank));
-        MP_REQUIRE_OK(c->barrier());
-        return 0;
-      },
-      std::chrono::seconds(120), [&](int) {
-        test::set_net_env(net::shm_only, 0, 2);
-        ::setenv("CCLITE_DEBUG", "INFO", 1);
-        ::setenv("CCLITE_DEBUG_FILE", (logs.path + "/log.%r").c_str(), 1);
-      });
-  INFO(r.describe());
-  CHECK(r.all_ok());
-  const std::string log0 = test::read_text(logs.path + "/log.0"), log1 = test::read_text(logs.path + "/log.1");
-  INFO("rank 0's log:\n", log0, "\nrank 1's log:\n", log1);
-  CHECK(log0.find("single copy is off") != std::string::npos);
-  CHECK(log1.find("single copy is off") != std::string::npos);
-  if (test::cma_between_siblings()) {  // else any read fails, not just rank 0's
-    CHECK(log0.find("Operation not permitted") != std::string::npos);
-    CHECK(log1.find("rank 0 cannot read its peers' memory") != std::string::npos);
   }
 }
 

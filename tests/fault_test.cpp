@@ -7,8 +7,6 @@
 
 #include <doctest/doctest.h>
 
-#include <sys/mman.h>
-
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -256,65 +254,6 @@ TEST_CASE("shm-direct's small path for the other collectives: a root, count or k
       return c.scatter(v.data(), out.data(), odd ? (1u << 16) : 4, dtype::float32, 0);
     }, true);
   }
-}
-
-TEST_CASE("shm-direct single copy: a count that differs is a mismatch, whichever path the odd rank takes") {
-  // The first 512 KiB allgather probes the single copy and turns it on; from
-  // then on its calls go without the links, the header riding with the
-  // addresses (comm_shared.hpp).
-  auto warm = [](default_communicator& c) {
-    std::vector<float> w(1u << 17, 1.0f), all(3u << 17);
-    return c.allgather(w.data(), all.data(), w.size(), dtype::float32);
-  };
-  for (int size : {2, 3}) {
-    expect_mismatch(size, net::shm_only, "single-copy allgather count", [&](default_communicator& c, bool odd) {
-      CCLITE_TRY(warm(c));
-      std::vector<float> v((1u << 17) + 1, 1.0f), all(3 * v.size());
-      return c.allgather(v.data(), all.data(), odd ? v.size() : v.size() - 1, dtype::float32);
-    }, false, {"allgather(count=131072, float)", "allgather(count=131073, float)"});
-    expect_mismatch(size, net::shm_only, "single-copy alltoall vs links", [&](default_communicator& c, bool odd) {
-      CCLITE_TRY(warm(c));
-      std::vector<float> v(3u << 17, 1.0f), out(v.size());
-      return c.alltoall(v.data(), out.data(), odd ? 1000 : 1u << 17, dtype::float32);
-    }, true);
-  }
-}
-
-TEST_CASE("shm-direct single copy: a peer's unreadable buffer fails the call on every rank, no crash") {
-  // The root of a (forced) single-copy broadcast passes memory it cannot even
-  // read itself: the other ranks' reads get EFAULT, every rank returns an
-  // error naming the read, and the communicator stays failed. Over the links
-  // the root would crash copying it into the FIFO.
-  if (!test::cma_between_siblings()) {
-    MESSAGE("process_vm_readv between sibling processes is refused here: nothing to test");
-    return;
-  }
-  test::temp_dir dir;
-  auto r = test::run_ranks(
-      3,
-      [&](int rank, int sz) {
-        auto kv = test::open_dir_store(dir.path);
-        auto c = test::make_comm(*kv, rank, sz);
-        const std::size_t bytes = 1u << 20;
-        std::vector<std::uint8_t> fine(bytes, 1), all(3 * bytes);
-        MP_REQUIRE_OK(c->allgather(fine.data(), all.data(), bytes, dtype::uint8));  // probes: on
-        void* bad = rank == 0 ? ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) : fine.data();
-        MP_CHECK(bad != MAP_FAILED);
-        status st = c->broadcast(bad, bytes, dtype::uint8, 0);
-        if (st.ok() || !(contains(st, "single-copy read of") || contains(st, "could not read its peers' buffers")))
-          std::fprintf(stderr, "rank %d: got %s\n", rank, st.to_string().c_str());
-        MP_CHECK(!st.ok());
-        MP_CHECK(contains(st, "single-copy read of") || contains(st, "could not read its peers' buffers"));
-        MP_CHECK(!c->barrier().ok());  // unusable now
-        return 0;
-      },
-      std::chrono::seconds(60), [&](int rank) {
-        test::set_net_env(net::shm_only, rank, 3);
-        ::setenv("CCLITE_ALGO", "broadcast:direct", 1);
-        ::setenv("CCLITE_TIMEOUT", "30", 1);
-      });
-  INFO(r.describe());
-  CHECK(r.all_ok());
 }
 
 TEST_CASE("a rank waiting in shm-direct learns of the others' failure through its links, alive or not") {

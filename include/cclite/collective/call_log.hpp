@@ -22,7 +22,6 @@ struct call_route {
   bool local = false;            // a one-rank communicator: a copy
   bool in_window = false;        // an allreduce of a shared window (comm_shared.hpp)
   bool small_direct = false;     // shm-direct's small path
-  bool single_copy = false;      // shm-direct's single-copy path (unless its probe fails)
   algorithm algo = algorithm::ring;  // the selector's choice
   bool hier_possible = false, direct_possible = false;  // whether hier / direct apply here
 };
@@ -49,7 +48,6 @@ inline const char* describe_algorithm(collective_kind k, const call_route& r) {
   if (r.local) return "local copy";
   if (r.in_window) return "shared window (each rank reduces its slice in every rank's copy)";
   if (r.small_direct) return "shm-direct small (one synchronisation, the header beside the data)";
-  if (r.single_copy) return "shm-direct single copy (each rank reads its blocks from the peers' buffers: process_vm_readv)";
   switch (r.algo) {
     case algorithm::rd: return "recursive doubling";
     case algorithm::rhd: return "halving-doubling (Rabenseifner)";

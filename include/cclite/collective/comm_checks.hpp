@@ -146,8 +146,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
         status m = mismatch_error(mine, this->rank_, theirs, peer);
         if (theirs != mine) return m;
         return status(errc::mismatch, m.message() + " (the same call, but it took the links where this rank took "
-                      "shm-direct's small or single-copy path: CCLITE_ALGO, CCLITE_SHM_SMALL_MAX and CCLITE_SHM_CMA* must "
-                      "agree on every rank)");
+                      "shm-direct's small path: CCLITE_ALGO and CCLITE_SHM_SMALL_MAX must agree on every rank)");
       }
     }, link_at(peer));
   }

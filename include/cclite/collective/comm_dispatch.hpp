@@ -97,8 +97,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   // dispatch() between the call-header exchange with the ring neighbours
   // (collective/mismatch.hpp); `started` = our header went out.
   status dispatch_checked(const op_desc& d, bool& started, deadline until) {
-    // No link traffic: the header rides with the data (or the addresses).
-    if (this->small_direct_ready(d) || this->single_copy_ready(d)) {
+    if (this->small_direct_ready(d)) {  // no link traffic: the header rides with the data
       started = true;
       detail::call_header h;
       if (check_mismatch_) h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
@@ -134,20 +133,6 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     const detail::call_header* h = nullptr;
     bool on = false;
   } linkless_;
-
-  // shm-direct's single-copy path for a call of kind K, when it applies
-  // (comm_shared.hpp); the first such call probes whether it works here.
-  // Sets `taken` when it ran the call.
-  template <collective_kind K>
-  status try_single_copy(const op_desc& d, bool& taken, deadline until) {
-    taken = false;
-    if (!this->single_copy(d)) return {};
-    CCLITE_TRY(this->ensure_single_copy(until));
-    if (!this->single_copy(d)) return {};  // the probe turned it off
-    taken = true;
-    if (linkless_.on) return this->template run_single_copy<K>(d, linkless_.h, true, until);
-    return this->template run_single_copy<K>(d, hdr_.active ? &hdr_.out : nullptr, false, until);
-  }
 
   // The call's own code: d.runner, which communicator sets to run_kind<K>.
   status dispatch(const op_desc& d, deadline until) {
@@ -197,9 +182,6 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     } else if constexpr (K == ck::broadcast) {
       if (n == 1) return {};
       if (this->small_direct(d)) return run_small<K>(d, until);
-      bool taken = false;
-      status st = try_single_copy<K>(d, taken, until);
-      if (taken || !st.ok()) return st;
       if (select_.choose(K, bytes, n) == algorithm::tree) return this->run_tree_broadcast(recv, bytes, d.root, elem, until);
       const int rel = (pos - topo_.ring_position(d.root) + n) % n;
       return ring([&](auto& pr) { return ring_broadcast(pr, recv, bytes, n, rel); });
@@ -217,12 +199,8 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       const int rel = (pos - topo_.ring_position(d.root) + n) % n;
       return ring([&](auto& pr) { return chain_reduce(pr, send, recv, d.count, elem, red, n, rel); });
     } else if constexpr (K == ck::allgather || K == ck::allgatherv) {
-      if constexpr (K == ck::allgather) {
+      if constexpr (K == ck::allgather)
         if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);
-        bool taken = false;
-        status st = n > 1 ? try_single_copy<K>(d, taken, until) : status{};
-        if (taken || !st.ok()) return st;
-      }
       return run_allgather(d, send, recv, elem, until);
     } else if constexpr (K == ck::reduce_scatter) {
       if (n == 1) return local_copy(send, recv, bytes);
@@ -232,17 +210,10 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       });
     } else if constexpr (K == ck::gather || K == ck::scatter) {
       if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);
-      bool taken = false;
-      status st = n > 1 ? try_single_copy<K>(d, taken, until) : status{};
-      if (taken || !st.ok()) return st;
       return run_rooted_direct(d, send, recv, bytes, elem, until);
     } else if constexpr (K == ck::alltoall || K == ck::alltoallv) {
-      if constexpr (K == ck::alltoall) {
+      if constexpr (K == ck::alltoall)
         if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);
-        bool taken = false;
-        status st = n > 1 ? try_single_copy<K>(d, taken, until) : status{};
-        if (taken || !st.ok()) return st;
-      }
       return run_alltoall(d, send, recv, elem, until);
     } else if constexpr (K == ck::group) {
       return this->run_group(d, until);
@@ -315,7 +286,6 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       r.local = size_ == 1;
       r.in_window = size_ > 1 && this->window_call(d) != nullptr;
       r.small_direct = this->small_direct(d);
-      r.single_copy = size_ > 1 && this->single_copy(d);
       r.algo = select_.choose(d.kind, bytes, size_);
       r.hier_possible = select_.hier_possible();
       r.direct_possible = select_.direct_possible();

@@ -406,18 +406,6 @@ CCLITE_SETUP_CODE_BEGIN
       return make_error(errc::invalid_argument, "CCLITE_SHM_SMALL_MAX=%lld is out of range (0 .. %zu bytes; 0 turns "
                         "shm-direct's small path off)", static_cast<long long>(small.value()), small_direct_max);
     select_.set_direct(has_direct, direct_bytes_, static_cast<std::size_t>(small.value()));
-    // shm-direct's single copy (comm_shared.hpp): blocks from 256 KiB to
-    // 4 MiB by default, where it beat the FIFOs (docs/performance.md,
-    // "Session 18"; below, the syscall's ~4 us; above, the ring's
-    // non-temporal stores win).
-    auto cma = env::get_int("SHM_CMA", 1, false);
-    auto cma_min = env::get_int("SHM_CMA_MIN", 256 << 10, false);
-    auto cma_max = env::get_int("SHM_CMA_MAX", 4 << 20, false);
-    if (!cma) return cma.error();
-    if (!cma_min) return cma_min.error();
-    if (!cma_max) return cma_max.error();
-    select_.set_single_copy(cma.value() != 0, static_cast<std::size_t>(std::max<std::int64_t>(0, cma_min.value())),
-                            static_cast<std::size_t>(std::max<std::int64_t>(0, cma_max.value())));
     return {};
   }
 

@@ -15,20 +15,10 @@
 //              each node; needs the same rank count on every node),
 //              direct (shm-direct: each rank reduces its slice straight
 //              from the others' shared buffers; one node, shm links only)
-//   broadcast  ring (pipelined chain), tree, direct (single copy: every
-//              rank reads the root's buffer; one node, shm links only)
+//   broadcast  ring (pipelined chain), tree
 //   reduce     ring (pipelined chain), tree
-//   allgather, alltoall, gather, scatter
-//              ring or their one schedule (pairwise alltoall, direct
-//              gather/scatter over the links), direct (single copy: each
-//              rank reads its blocks straight from the peers' buffers,
-//              shm/cma.hpp; one node, shm links only)
-//   others     ring (reduce_scatter, barrier)
-//
-// On one node over shm, calls of up to CCLITE_SHM_SMALL_MAX bytes per rank
-// take shm-direct's small path, and allgather and alltoall with blocks in
-// [CCLITE_SHM_CMA_MIN, CCLITE_SHM_CMA_MAX] the single-copy one, unless
-// CCLITE_ALGO names another algorithm for them.
+//   others     ring (allgather, reduce_scatter, barrier) or their one
+//              schedule (direct gather/scatter, pairwise alltoall)
 #pragma once
 
 #include <cclite/config.hpp>
@@ -63,10 +53,8 @@ inline bool available(collective_kind k, algorithm a) noexcept {
   if (a == algorithm::automatic || a == algorithm::ring) return true;
   switch (k) {
     case collective_kind::allreduce: return true;  // hier and direct fall back to ring where they do not apply
-    case collective_kind::broadcast: return a == algorithm::tree || a == algorithm::direct;
+    case collective_kind::broadcast:
     case collective_kind::reduce: return a == algorithm::tree;
-    case collective_kind::allgather: case collective_kind::alltoall:
-    case collective_kind::gather: case collective_kind::scatter: return a == algorithm::direct;
     default: return false;
   }
 }
@@ -156,30 +144,6 @@ CCLITE_SETUP_CODE_END
     small_max_ = small_max;
   }
   bool direct_possible() const noexcept { return direct_; }
-  /// shm-direct's single-copy path (comm_shared.hpp): allgather and alltoall
-  /// whose block (what one rank reads from one peer) is within [min_block,
-  /// max_block] (CCLITE_SHM_CMA_MIN / _MAX); broadcast, gather and scatter
-  /// when CCLITE_ALGO names direct for them. `enabled`: CCLITE_SHM_CMA.
-  /// Every rank must pass the same values.
-  void set_single_copy(bool enabled, std::size_t min_block, std::size_t max_block) {
-    single_copy_ = enabled;
-    cma_min_ = min_block;
-    cma_max_ = max_block;
-  }
-  /// Whether a call of `k` with that block may take the single-copy path:
-  /// one node over shm, the path on, and CCLITE_ALGO names no other algorithm
-  /// for `k` (naming direct takes it at any size past the small path).
-  /// Depends on the call's size only, so every rank of a call decides alike.
-  /// Not automatic for the rooted ones: at 2 ranks the chain's two copies run
-  /// on two cores at once, the single copy on one, and it was no faster
-  /// (broadcast 2-4 MiB: 82-188 us against 74-135, docs/performance.md).
-  bool single_copy(collective_kind k, std::size_t block) const noexcept {
-    const algorithm f = forced_[static_cast<int>(k)];
-    if (!direct_ || !single_copy_ || f == algorithm::ring) return false;
-    if (f == algorithm::direct) return true;
-    return (k == collective_kind::allgather || k == collective_kind::alltoall) && block >= cma_min_ &&
-           block <= cma_max_;
-  }
   /// Whether a call of `k` whose slot is `bytes` (what one rank writes)
   /// takes shm-direct's small path: one node over shm, at most small_max
   /// bytes, and CCLITE_ALGO does not name another algorithm for `k`. It
@@ -236,8 +200,6 @@ CCLITE_SETUP_CODE_END
   bool direct_ = false;
   std::size_t direct_piece_ = 1 << 20;
   std::size_t small_max_ = 0;
-  bool single_copy_ = false;
-  std::size_t cma_min_ = 0, cma_max_ = 0;
   std::string link_kind_ = "shm";
   cost_model cost_;
 };

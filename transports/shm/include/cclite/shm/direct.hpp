@@ -43,11 +43,6 @@
 // member rewrites a slot only two calls later, after everyone published the
 // next call, i.e. after everyone finished reading this one.
 //
-// Single-copy reads (read_member, shm/cma.hpp): a member copies straight
-// from another member's private memory with process_vm_readv. The group only
-// knows who the members are (their pids); the communicator publishes the
-// addresses through small_exchange (collective/comm_shared.hpp).
-//
 // Waits poll the peers' counters (they are a few cache lines), then yield,
 // then sleep in short slices, checking the deadline, the abort flag and the
 // peers' liveness: a killed member is peer_lost, never a hang.
@@ -73,7 +68,6 @@
 #include <cclite/core/reduce.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/core/stream_copy.hpp>
-#include <cclite/shm/cma.hpp>
 #include <cclite/shm/doorbell.hpp>
 #include <cclite/shm/link.hpp>
 #include <cclite/shm/segment.hpp>
@@ -253,21 +247,6 @@ CCLITE_SETUP_CODE_END
     }
     counter(me_, 1).store(step, std::memory_order_release);
     return wait_all(1, step, until, probe);
-  }
-
-  /// Whether read_member() can reach every member: all in this pid namespace.
-  bool members_readable() const noexcept {
-    for (const member& m : members_)
-      if (!m.watch_pid) return false;
-    return true;
-  }
-  /// Copies `bytes` at `from` in member `m`'s memory to `to` (shm/cma.hpp);
-  /// errors name the member.
-  status read_member(int m, void* to, const void* from, std::size_t bytes) const {
-    const member& who = members_[static_cast<std::size_t>(m)];
-    if (!who.watch_pid)
-      return make_error(errc::unsupported, "single-copy read from %s: it runs in another pid namespace", who.name.c_str());
-    return cma_read(who.watch_pid, to, from, bytes, who.name.c_str());
   }
 
   /// Calls of at least this many bytes write the result with stream_copy().
