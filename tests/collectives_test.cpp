@@ -402,6 +402,55 @@ TEST_CASE("collectives: shm-direct's small path for every collective, at its lim
   }
 }
 
+// Outputs of ring_stream_output_min_bytes (16 MiB) and more are written with
+// non-temporal stores (primitives.hpp): allgather, allgatherv and the
+// pairwise alltoall, out of place, just past the threshold; in place stays on
+// ordinary stores. Every element is checked.
+TEST_CASE("collectives: outputs past the streaming threshold, allgather(v) and alltoall, shm and tcp") {
+  for (net how : {net::shm_only, net::tcp_only}) {
+    const int size = how == net::shm_only ? 2 : 3;
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        size,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          const std::size_t N = static_cast<std::size_t>(sz);
+          const std::size_t count = ring_stream_output_min_bytes / 4 / N + 1001;  // output just past 16 MiB
+          auto tagged = [](std::size_t r, std::size_t i) { return static_cast<std::uint32_t>(r * 100000007u + i * 3u); };
+          std::vector<std::uint32_t> mine(count), all(count * N, 0), want(count * N);
+          for (std::size_t i = 0; i < count; ++i) mine[i] = tagged(static_cast<std::size_t>(rank), i);
+          for (std::size_t i = 0; i < count * N; ++i) want[i] = tagged(i / count, i % count);
+          MP_REQUIRE_OK(c->allgather(mine.data(), all.data(), count, dtype::uint32));
+          MP_CHECK(all == want);
+          // allgatherv: the last rank gives 1000 fewer, one gap element between blocks
+          std::vector<std::size_t> cnt(N, count), dsp(N);
+          cnt[N - 1] -= 1000;
+          for (std::size_t q = 0; q < N; ++q) dsp[q] = q * (count + 1);
+          std::vector<std::uint32_t> v(N * (count + 1), 7), vwant(v.size(), 7);
+          for (std::size_t q = 0; q < N; ++q)
+            for (std::size_t i = 0; i < cnt[q]; ++i) vwant[dsp[q] + i] = tagged(q, i);
+          MP_REQUIRE_OK(c->allgatherv(mine.data(), cnt[static_cast<std::size_t>(rank)], v.data(), cnt.data(), dsp.data(),
+                                      dtype::uint32));
+          MP_CHECK(v == vwant);
+          // alltoall: block p of rank q lands as block q on rank p
+          std::vector<std::uint32_t> send(count * N), recv(count * N, 0), a_want(count * N);
+          for (std::size_t p = 0; p < N; ++p)
+            for (std::size_t i = 0; i < count; ++i) {
+              send[p * count + i] = tagged(static_cast<std::size_t>(rank) * 16 + p, i);
+              a_want[p * count + i] = tagged(p * 16 + static_cast<std::size_t>(rank), i);
+            }
+          MP_REQUIRE_OK(c->alltoall(send.data(), recv.data(), count, dtype::uint32));
+          MP_CHECK(recv == a_want);
+          MP_REQUIRE_OK(c->barrier());
+          return 0;
+        },
+        std::chrono::seconds(180), [&](int rank) { test::set_net_env(how, rank, size); });
+    INFO(test::to_string(how), ", ", size, " ranks: ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
 TEST_CASE("collectives: binary tree forced for broadcast and reduce, 2..7 ranks") {
   run(2, net::tcp_only, false, "tree");
   run(4, net::mixed, true, "broadcast:tree,reduce:tree");

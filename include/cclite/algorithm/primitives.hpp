@@ -34,6 +34,21 @@
 
 namespace cclite {
 
+/// Out-of-place calls of at least this many bytes (ring_allreduce: the
+/// buffer; ring_allgather and the pairwise alltoall: the whole output) write
+/// their final segments and their pure copies into the send FIFO with
+/// non-temporal stores (primitives::stream_output). 2 ranks on the development VM, alternated
+/// runs (session 8): final segments streamed, 16 MiB 10.7-11.8 -> 12.0-12.6
+/// GB/s busbw, 64 MiB 9.8-10.4 -> 10.6-10.9 (3 pairs); the FIFO copies too,
+/// 64 MiB a further +7 % (median 9.6 -> 10.3 in 8 of 8 pairs, a slower hour).
+/// At 1-8 MiB, where the data still fits the cache, 0.5-2 GB/s slower; in
+/// place slower at every size (the FIFO part by 40 %); reducing into the FIFO
+/// or a scratch piece to stream the reduced segment as well lost. Allgather,
+/// 2 ranks, 5 alternated pairs (session 18): 16 MiB +10 % (17.7 -> 19.4 GB/s
+/// algbw, medians), 4-8 MiB within the noise (+6 %, -2 %); alltoall, 4 pairs:
+/// 16 MiB +10 %, 32-64 MiB +3-4 %.
+inline constexpr std::size_t ring_stream_output_min_bytes = std::size_t{16} << 20;
+
 template <class Prev, class Next>
 class primitives {
   static_assert(is_link_v<Prev> && is_link_v<Next>, "primitives need two links");
@@ -87,11 +102,12 @@ class primitives {
   }
 
   /// Until finish(), for calls larger than the cache: `out` (recv,
-  /// recv_copy_send) and / or the pure copies into the send FIFO (send, the
-  /// forward of recv_reduce_copy_send) are written with non-temporal stores
-  /// (core/stream_copy.hpp): no read for ownership of the caller's cold lines,
-  /// and none of FIFO lines the peer's core read last. Loops that store to the
-  /// FIFO while reading other memory keep ordinary stores (slower streamed).
+  /// recv_copy_send, sendrecv) and / or the pure copies into the send FIFO
+  /// (send, sendrecv, the forward of recv_reduce_copy_send) are written with
+  /// non-temporal stores (core/stream_copy.hpp): no read for ownership of the
+  /// caller's cold lines, and none of FIFO lines the peer's core read last.
+  /// Loops that store to the FIFO while reading other memory keep ordinary
+  /// stores (slower streamed).
   void stream_output(bool out, bool fifo) noexcept {
     stream_out_ = out;
     stream_fifo_ = fifo;
@@ -151,7 +167,7 @@ class primitives {
         std::size_t n = align_down(dst.size, elem_);
         if (n) {
           const std::size_t data = sd < send_bytes ? std::min(n, send_bytes - sd) : 0;
-          if (data) std::memcpy(dst.data, src + sd, data);
+          if (data) pass_on(dst.data, src + sd, data);
           if (n > data) std::memset(dst.data + data, 0, n - data);
           next_.send_commit(n);
           sd += n;
@@ -162,7 +178,7 @@ class primitives {
         const_bytes in = prev_.recv_peek();
         std::size_t n = align_down(std::min({in.size, recv_bytes - rd, piece_}), elem_);
         if (n) {
-          std::memcpy(out + rd, in.data, n);
+          keep(out + rd, in.data, n);
           prev_.recv_consume(n);
           rd += n;
           moved = true;

@@ -21,17 +21,6 @@
 
 namespace cclite {
 
-/// Out-of-place calls of at least this many bytes write their final segments
-/// and their pure copies into the send FIFO with non-temporal stores
-/// (primitives::stream_output). 2 ranks on the development VM, alternated
-/// runs (session 8): final segments streamed, 16 MiB 10.7-11.8 -> 12.0-12.6
-/// GB/s busbw, 64 MiB 9.8-10.4 -> 10.6-10.9 (3 pairs); the FIFO copies too,
-/// 64 MiB a further +7 % (median 9.6 -> 10.3 in 8 of 8 pairs, a slower hour).
-/// At 1-8 MiB, where the data still fits the cache, 0.5-2 GB/s slower; in
-/// place slower at every size (the FIFO part by 40 %); reducing into the FIFO
-/// or a scratch piece to stream the reduced segment as well lost.
-inline constexpr std::size_t ring_stream_output_min_bytes = std::size_t{16} << 20;
-
 /// `send` may equal `recv` (in place). `pos` is this rank's ring position.
 template <class Prims>
 status ring_allreduce(Prims& prims, const std::uint8_t* send, std::uint8_t* recv,

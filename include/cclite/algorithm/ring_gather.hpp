@@ -31,10 +31,17 @@ struct ring_blocks {
 
 /// Allgather(v): every block already sits at its place in `recv` on its owner
 /// (the caller copies its own contribution in first). Moves the others.
+/// `out_of_place`: the caller's send buffer was not its block of `recv`; then
+/// outputs of ring_stream_output_min_bytes and more are written with
+/// non-temporal stores (primitives.hpp).
 template <class Prims>
 status ring_allgather(Prims& prims, std::uint8_t* recv, std::size_t elem, int n, int pos,
-                      const ring_blocks& b, std::size_t chunk) {
+                      const ring_blocks& b, std::size_t chunk, bool out_of_place = false) {
   if (n == 1) return {};
+  std::size_t total = 0;
+  for (int r = 0; r < n; ++r) total += b.len[r] * elem;
+  const bool stream = out_of_place && total >= ring_stream_output_min_bytes;
+  prims.stream_output(stream, stream);
   const std::size_t rounds = b.max_len ? (b.max_len + chunk - 1) / chunk : 0;
   auto block_at = [&](int k) { return b.ring[((pos - k) % n + n) % n]; };
   auto part = [&](int r, std::size_t round, std::size_t& begin) {
