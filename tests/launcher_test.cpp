@@ -26,11 +26,14 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../tools/run/job.hpp"
 #include "../tools/run/line_splitter.hpp"
 #include "../tools/run/options.hpp"
+#include "../tools/run/slurm.hpp"
 
 namespace {
 
@@ -316,6 +319,64 @@ TEST_CASE("rendezvous: endpoint, master flags and defaults") {
   CHECK_FALSE(parse_host_port("host:0", 1, hp).empty());
   CHECK_FALSE(parse_host_port(":80", 1, hp).empty());
   CHECK_FALSE(parse_host_port("fe80::1:80", 1, hp).empty());  // needs brackets
+}
+
+TEST_CASE("srun: one cclite-run per node takes the node count and the meeting point from the step") {
+  using namespace cclite::run;
+  // What slurmstepd gives each task of `srun --nodes 2 --ntasks-per-node 1`.
+  std::map<std::string, std::string> env = {{"SLURM_STEP_NODELIST", "gpu[08-09]"}, {"SLURM_JOB_ID", "4242"},
+                                            {"SLURM_STEP_ID", "3"},           {"SLURM_STEP_NUM_NODES", "2"},
+                                            {"SLURM_STEP_NUM_TASKS", "2"},    {"SLURM_NODEID", "1"}};
+  auto apply = [&](std::vector<std::string> args, std::string& note) {
+    args.insert(args.begin(), "cclite-run");
+    args.push_back("prog");
+    auto p = parse_args(args, [&](options& o) {
+      return apply_srun(o, [&](const char* v) -> const char* {
+        auto it = env.find(v);
+        return it == env.end() ? nullptr : it->second.c_str();
+      }, note);
+    });
+    return std::make_pair(p.opts, p.what == parse_result::action::run ? std::string() : p.error);
+  };
+  std::string note;
+  auto [o, err] = apply({"--nproc-per-node", "4"}, note);
+  CHECK(err.empty());
+  CHECK(o.nnodes == 2);
+  CHECK(o.rdzv_endpoint == "gpu08:" + std::to_string(cclite::detail::slurm_port("4242", "3")));
+  CHECK(o.rdzv_id == "4242.3");
+  CHECK(dynamic_rendezvous(o));  // node ranks from the agents' rendezvous
+  CHECK(note.find("SLURM_STEP_NODELIST='gpu[08-09]'") != std::string::npos);
+
+  env["MASTER_PORT"] = "31000";
+  std::tie(o, err) = apply({"--rdzv-id", "mine"}, note);
+  CHECK(o.rdzv_endpoint == "gpu08:31000");
+  CHECK(o.rdzv_id == "mine");  // an id given stays
+  CHECK(note.find("MASTER_PORT") != std::string::npos);
+
+  std::tie(o, err) = apply({"--nnodes", "2"}, note);  // the same count: fine
+  CHECK(err.empty());
+  std::tie(o, err) = apply({"--nnodes", "3"}, note);
+  CHECK(err.find("this srun step runs on 2 nodes") != std::string::npos);
+
+  // The command line places the job: left alone.
+  std::tie(o, err) = apply({"--nnodes", "2", "--rdzv-endpoint", "login1:29400"}, note);
+  CHECK((err.empty() && note.empty() && o.rdzv_endpoint == "login1:29400"));
+  std::tie(o, err) = apply({"--standalone"}, note);
+  CHECK((err.empty() && note.empty() && o.nnodes == 1));
+
+  env["SLURM_STEP_NUM_TASKS"] = "8";  // srun --ntasks-per-node 4: four agents per node
+  std::tie(o, err) = apply({}, note);
+  CHECK(err.find("use srun --ntasks-per-node 1") != std::string::npos);
+
+  env["SLURM_STEP_NUM_TASKS"] = "1";
+  env["SLURM_STEP_NUM_NODES"] = "1";  // one node: as without srun
+  std::tie(o, err) = apply({}, note);
+  CHECK((err.empty() && note.empty() && o.nnodes == 1 && o.rdzv_endpoint.empty()));
+
+  env.erase("SLURM_STEP_NODELIST");  // a batch script, not an srun task
+  env["SLURM_STEP_NUM_TASKS"] = env["SLURM_STEP_NUM_NODES"] = "2";
+  std::tie(o, err) = apply({}, note);
+  CHECK((err.empty() && note.empty() && o.nnodes == 1));
 }
 
 TEST_CASE("line_splitter: whole prefixed lines, partial line at EOF") {
@@ -648,6 +709,30 @@ TEST_CASE("agents: two nodes meet without --node-rank and number the ranks") {
   CHECK(node0.find(1)->second == "1 4 1 0 2" + tail);
   CHECK(node1.find(2)->second == "2 4 0 1 2" + tail);
   CHECK(node1.find(3)->second == "3 4 1 1 2" + tail);
+}
+
+TEST_CASE("agents: under srun two nodes meet with neither --nnodes nor --rdzv-endpoint") {
+  const std::string port = free_port();
+  // slurmstepd's variables for `srun --nodes 2 --ntasks-per-node 1` on this host
+  // (MASTER_PORT: a free port rather than the one derived from the job id).
+  auto srun_env = [&](int node) {
+    return std::vector<std::string>{"SLURM_STEP_NODELIST=localhost", "SLURM_JOB_ID=77", "SLURM_STEP_ID=0",
+                                    "SLURM_STEP_NUM_NODES=2", "SLURM_STEP_NUM_TASKS=2", "SLURM_PROCID=" + std::to_string(node),
+                                    "SLURM_NTASKS=2", "SLURM_NODEID=" + std::to_string(node), "MASTER_PORT=" + port,
+                                    "CCLITE_DEBUG=INFO"};
+  };
+  std::vector<std::string> args{"--nproc-per-node", "2", "--rdzv-timeout", "60", "--node-timeout", "3",
+                                "/bin/sh", "-c", "echo $RANK $WORLD_SIZE $GROUP_WORLD_SIZE $TORCHELASTIC_RUN_ID"};
+  launcher a(args, srun_env(0)), b(args, srun_env(1));
+  auto ra = a.finish(), rb = b.finish();
+  INFO("a: " << ra.err << "\nb: " << rb.err);
+  REQUIRE(ra.status == 0);
+  REQUIRE(rb.status == 0);
+  auto la = by_rank(ra.out), lb = by_rank(rb.out);
+  REQUIRE(la.size() + lb.size() == 4);
+  for (const auto* l : {&la, &lb})
+    for (const auto& [rank, line] : *l) CHECK(line == std::to_string(rank) + " 4 2 77.0");
+  CHECK(ra.err.find("srun: 2 nodes meet at localhost:" + port) != std::string::npos);
 }
 
 TEST_CASE("agents: an agent of another --rdzv-id is refused by name") {

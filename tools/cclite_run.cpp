@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "run/options.hpp"
 #include "run/posix.hpp"
 #include "run/signals.hpp"
+#include "run/slurm.hpp"
 #include "run/supervisor.hpp"
 
 namespace {
@@ -58,12 +60,18 @@ int main(int argc, char** argv) {
   using namespace cclite::run;
   ensure_standard_fds_open();
 
-  parse_result parsed = parse_args(std::vector<std::string>(argv, argv + argc));
+  // Under srun (one cclite-run per node): the node count and the agents'
+  // meeting point from the step, unless the command line gives them.
+  std::string srun_note;
+  parse_result parsed = parse_args(std::vector<std::string>(argv, argv + argc), [&](options& o) {
+    return apply_srun(o, [](const char* v) { return static_cast<const char*>(std::getenv(v)); }, srun_note);
+  });
   if (parsed.what == parse_result::action::help) {
     write_all(STDOUT_FILENO, usage_text());
     return 0;
   }
   if (parsed.what == parse_result::action::usage_error) return usage_error(parsed.error);
+  if (!srun_note.empty() && debug_on()) write_all(STDERR_FILENO, "cclite-run: INFO " + srun_note + "\n");
 
   rendezvous rdzv;
   if (std::string err = plan_rendezvous(parsed.opts, rdzv); !err.empty()) return usage_error(err);
@@ -72,7 +80,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<agent> peers;
   if (dynamic_rendezvous(parsed.opts)) {
     peers.reset(new agent());
-    if (std::string err = peers->join(parsed.opts, rdzv); !err.empty()) return internal_error(err);
+    if (std::string err = peers->join(parsed.opts, rdzv); !err.empty())
+      return internal_error(srun_note.empty() ? err : err + " [" + srun_note + "]");
   }
   if (std::string err = choose_free_port(rdzv); !err.empty()) return internal_error(err);
 

@@ -26,6 +26,9 @@
 #   srun          2 nodes x 2 ranks started as srun starts them (its variables,
 #                 no cclite-run, no endpoint): the ranks meet on the first node
 #                 of SLURM_STEP_NODELIST=node[0-1] at a port from the job id
+#   srun_agents   2 nodes, one cclite-run per node started as srun starts a
+#                 task (its variables; no --nnodes, no endpoint), 2 workers
+#                 each: the agents meet on node0 at a port from the job id
 #
 # Exit 0 pass, 1 fail, 77 skipped (not root, no ip netns). Every wait is
 # bounded; the namespaces go away on any exit. Needs CCLITE_BIN_DIR (ctest sets it).
@@ -290,8 +293,31 @@ srun)
     grep_log "$LOGS/node$i.log" "(node$i, pid [0-9]*): via shm" "node $i: shm inside the node"
   done
   ;;
+srun_agents)
+  nodes_up 2
+  nodes_hosts
+  i=0
+  while [ "$i" -lt 2 ]; do
+    node_run "$i" "$LOGS/node$i.log" env -u RANK -u WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT \
+      -u CCLITE_RDZV_ENDPOINT -u CCLITE_RDZV_DIR CCLITE_DEBUG=INFO CCLITE_TIMEOUT=60 \
+      SLURM_NTASKS=2 SLURM_NTASKS_PER_NODE=1 SLURM_STEP_NUM_NODES=2 SLURM_STEP_NUM_TASKS=2 \
+      SLURM_JOB_ID="$$" SLURM_STEP_ID=1 SLURM_NODEID="$i" SLURM_PROCID="$i" SLURM_LOCALID=0 \
+      SLURM_JOB_NODELIST="node[0-1]" SLURM_STEP_NODELIST="node[0-1]" SLURMD_NODENAME="node$i" \
+      "$BIN/cclite-run" --nproc-per-node 2 --rdzv-timeout 60 --timeout 120 "$BIN/collectives_check" --count 65536
+    i=$((i + 1))
+  done
+  node_wait 0 150
+  node_wait 1 30
+  RC_0=$NODE_RC_0
+  RC_1=$NODE_RC_1
+  check_collectives 2 2
+  for i in 0 1; do
+    grep_log "$LOGS/node$i.log" "srun: 2 nodes meet at node0:[0-9]*, the first node of SLURM_STEP_NODELIST='node\[0-1\]'" \
+      "node $i: the agents' endpoint derived from the step"
+  done
+  ;;
 *)
-  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|elastic|rdzv_id|srun"
+  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|elastic|rdzv_id|srun|srun_agents"
   exit 2
   ;;
 esac

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@ namespace cclite::run {
 struct options {
   int nproc_per_node = 1;
   int nnodes = 1;      ///< the most nodes (MAX of --nnodes MIN:MAX)
+  bool nnodes_given = false;  ///< --nnodes was on the command line (srun fills it in otherwise)
   int min_nnodes = 0;  ///< MIN of --nnodes MIN:MAX; 0: same as nnodes
   int max_restarts = 0;
   int node_rank = -1;         ///< -1: not given
@@ -119,8 +121,11 @@ inline std::string validate(const options& o) {
   return {};
 }
 
-/// Parses argv (argv[0] is the launcher's name and is skipped).
-inline parse_result parse_args(const std::vector<std::string>& args) {
+/// Parses argv (argv[0] is the launcher's name and is skipped). `adjust`, when
+/// given, completes the options from the environment before they are checked
+/// (apply_srun, slurm.hpp); a non-empty return is a usage error.
+inline parse_result parse_args(const std::vector<std::string>& args,
+                               const std::function<std::string(options&)>& adjust = nullptr) {
   parse_result r;
   options& o = r.opts;
   auto fail = [&r](std::string msg) {
@@ -179,6 +184,7 @@ inline parse_result parse_args(const std::vector<std::string>& args) {
       if (!detail::parse_int(value, 1, 1 << 20, o.nproc_per_node))
         return fail("--nproc-per-node needs a positive integer, got '" + value + "'");
     } else if (flag == "--nnodes") {
+      o.nnodes_given = true;
       if (auto colon = value.find(':'); colon != std::string::npos) {
         if (!detail::parse_int(value.substr(0, colon), 1, 1 << 20, o.min_nnodes) ||
             !detail::parse_int(value.substr(colon + 1), 1, 1 << 20, o.nnodes) || o.min_nnodes > o.nnodes)
@@ -223,6 +229,9 @@ inline parse_result parse_args(const std::vector<std::string>& args) {
 
   o.command.assign(args.begin() + static_cast<std::ptrdiff_t>(std::min(i, args.size())),
                    args.end());
+  if (adjust) {
+    if (std::string err = adjust(o); !err.empty()) return fail(err);
+  }
   if (std::string err = validate(o); !err.empty()) return fail(err);
   return r;
 }
@@ -237,6 +246,7 @@ prefix, and stops the whole job as soon as one worker fails.
 options (--name value or --name=value; '_' may replace '-' as in torchrun):
   --nproc-per-node N   workers on this node (default 1)
   --nnodes M           nodes in the job (default 1); M > 1 needs --rdzv-endpoint
+                       (under srun: the step's node count)
   --rdzv-endpoint H:P  where the nodes' agents meet (default port 29400): the
                        agent on host H hosts the store (else the first to bind
                        the port), node ranks are handed out in joining order
@@ -291,6 +301,9 @@ examples:
   cclite-run --nnodes 2:4 --max-restarts 3 --nproc-per-node 4 --rdzv-id 100 \
              --rdzv-endpoint node0:29400 ./train --resume
   cclite-run --nproc_per_node=2 --timeout 600 --no-prefix ./allreduce_perf
+  # from a Slurm allocation, one cclite-run per node: the nodes meet on the
+  # step's first node, at MASTER_PORT or a port from SLURM_JOB_ID.SLURM_STEP_ID
+  srun --nodes 2 --ntasks-per-node 1 cclite-run --nproc-per-node 4 ./train
 )";
 }
 
