@@ -4,6 +4,8 @@
 # each native path: CUDA IPC (the default inside a node) and host staging
 # (CCLITE_CUDA_IPC=0). Each run must exit 0 and print WORD on every rank; the
 # "no CUDA device" exit (77) is a failure here, since the emulation has a device.
+# Also runs hello_allreduce_nvcc (the CPU sample compiled by nvcc), where
+# CCLITE_CUDA_IPC changes nothing: it checks the program twice.
 set -u
 word=$1
 shift

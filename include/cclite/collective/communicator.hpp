@@ -75,7 +75,7 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
     std::unique_ptr<communicator> c(new communicator(kv, rank, size));
     CCLITE_TRY(c->core::init(std::move(opts)));
     CCLITE_TRY(c->finish_init());
-    return c;
+    return {std::move(c)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
 
   communicator(const communicator&) = delete;
@@ -431,7 +431,7 @@ CCLITE_SETUP_CODE_BEGIN
       if (ch == '/') ch = '.';
     CCLITE_TRY(c->core::init_child(std::move(opts), prefix_ + where + "/", std::move(tag)));
     CCLITE_TRY(c->finish_init());
-    return c;
+    return {std::move(c)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
 CCLITE_SETUP_CODE_END
 

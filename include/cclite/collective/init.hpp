@@ -112,7 +112,7 @@ result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
     CCLITE_INFO(out.comm_->log(), "init: launcher %s, file store in %s%s%s%s", l.launcher.c_str(),
                 rdzv_store_dir(l).c_str(), l.rdzv_dir_from.empty() ? "" : " (", l.rdzv_dir_from.c_str(),
                 l.rdzv_dir_from.empty() ? "" : ")");
-  return out;
+  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
 }
 
 }  // namespace cclite

@@ -73,10 +73,20 @@ namespace detail {
 [[gnu::noinline]] inline void free_message(std::string* m) noexcept { delete m; }
 }  // namespace detail
 
+// status and result are [[nodiscard]]: an error nobody looks at is a bug.
+// Not in CUDA translation units: nvcc's front end (EDG) also reports every
+// discarded `status&` that an assignment returns (warning 2810), i.e. each
+// `st = other;` in these headers and in the program. g++ builds still check.
+#if defined(__CUDACC__)
+#define CCLITE_NODISCARD_TYPE
+#else
+#define CCLITE_NODISCARD_TYPE [[nodiscard]]
+#endif
+
 /// Success, or an error code with a human-readable message.
 /// A successful status holds no string and never allocates. The message
 /// lives on the heap behind one pointer, so moving a status is two words.
-class [[nodiscard]] status {
+class CCLITE_NODISCARD_TYPE status {
  public:
   status() noexcept = default;
   /// An empty message allocates nothing (the wait loops' "slice expired"
@@ -177,7 +187,7 @@ namespace detail {
 /// while collectives return a plain status.
 CCLITE_SETUP_CODE_BEGIN
 template <class T>
-class [[nodiscard]] result {
+class CCLITE_NODISCARD_TYPE result {
  public:
   result(T value) { emplace(std::move(value)); }  // NOLINT: implicit by design
   result(status s) : status_(s.ok() ? detail::ok_is_not_an_error() : std::move(s)) {}  // NOLINT: implicit

@@ -131,7 +131,7 @@ class data_parallel {
     if (opts.broadcast_parameters && !on_device) CCLITE_TRY(dp.broadcast_values());
     CCLITE_TRY(dp.build_buckets());
     if (opts.broadcast_parameters && on_device) CCLITE_TRY(dp.broadcast_values());
-    return dp;
+    return {std::move(dp)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
 
   data_parallel(data_parallel&& o) noexcept { *this = std::move(o); }

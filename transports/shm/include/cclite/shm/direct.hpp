@@ -171,7 +171,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
       if (!ok) return ok.error();
     }
     CCLITE_TRY(g->segs_[static_cast<std::size_t>(me)].unlink());
-    return g;
+    return {std::move(g)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
 
 CCLITE_SETUP_CODE_END

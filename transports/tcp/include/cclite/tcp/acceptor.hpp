@@ -108,7 +108,7 @@ class acceptor {
       arrived_[i] = std::move(arrived_.back());
       arrived_.pop_back();
     }
-    return out;
+    return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
 
  private:

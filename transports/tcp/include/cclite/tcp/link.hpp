@@ -103,7 +103,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
       l.fds_[j] = std::move(socks[j]);
       l.spos_[j] = l.rpos_[j] = static_cast<std::uint64_t>(j) * block;
     }
-    return l;
+    return {std::move(l)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
 CCLITE_SETUP_CODE_END
 

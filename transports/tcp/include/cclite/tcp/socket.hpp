@@ -326,7 +326,7 @@ class mapped_memory {
     mapped_memory m;
     m.p_ = static_cast<std::uint8_t*>(p);
     m.n_ = n;
-    return m;
+    return {std::move(m)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
   std::uint8_t* data() const noexcept { return p_; }
 

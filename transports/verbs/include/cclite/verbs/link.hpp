@@ -117,7 +117,7 @@ class link {
     record.rkey = s.fifo.rkey();
     record.cap = cfg.buffsize;
     record.block = s.st.block;
-    return l;
+    return {std::move(l)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
 
   /// Moves every QP to RTS towards the peer's `remote` record. Errors:

@@ -77,7 +77,7 @@ class registered_memory {
                         "'ulimit -l' must allow it; lower CCLITE_IB_BUFFSIZE or raise the limit)",
                         bytes, what, std::strerror(e));
     }
-    return m;
+    return {std::move(m)};  // nvcc: no implicit move into result<T> (CWG1579)
   }
 
   std::uint8_t* data() const noexcept { return static_cast<std::uint8_t*>(mem_); }
