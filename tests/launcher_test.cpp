@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdio>
@@ -30,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "../tools/run/devices.hpp"
 #include "../tools/run/job.hpp"
 #include "../tools/run/line_splitter.hpp"
 #include "../tools/run/options.hpp"
@@ -377,6 +379,71 @@ TEST_CASE("srun: one cclite-run per node takes the node count and the meeting po
   env["SLURM_STEP_NUM_TASKS"] = env["SLURM_STEP_NUM_NODES"] = "2";
   std::tie(o, err) = apply({}, note);
   CHECK((err.empty() && note.empty() && o.nnodes == 1));
+}
+
+TEST_CASE("options: --nproc-per-node gpu|cpu|auto count this machine's GPUs or CPUs") {
+  using namespace cclite::run;
+  // A stand-in for /proc/driver/nvidia/gpus with `n` GPUs.
+  char tmpl[] = "/tmp/cclite-gpus-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  auto gpus = [&](int n) {
+    for (int i = 0; i < 8; ++i) ::rmdir((dir + "/0000:0" + std::to_string(i) + ":00.0").c_str());
+    for (int i = 0; i < n; ++i) REQUIRE(::mkdir((dir + "/0000:0" + std::to_string(i) + ":00.0").c_str(), 0700) == 0);
+  };
+  const char* visible = nullptr;
+  auto resolve = [&](const std::string& spec, std::string& err) {
+    auto p = parse_args({"cclite-run", "--nproc-per-node", spec, "prog"});
+    REQUIRE(p.what == parse_result::action::run);
+    options o = p.opts;
+    err = resolve_nproc(o, [&](const char*) { return visible; }, dir);
+    return o.nproc_per_node;
+  };
+  std::string err;
+  cpu_set_t set;
+  REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+  const int cpus = CPU_COUNT(&set);
+  gpus(4);
+  CHECK(resolve("gpu", err) == 4);
+  CHECK(resolve("auto", err) == 4);
+  CHECK(resolve("cpu", err) == cpus);
+  CHECK(resolve("3", err) == 3);
+  visible = "2,0";
+  CHECK(resolve("gpu", err) == 2);
+  visible = "1,7,2";  // 7 does not exist: the runtime stops there
+  CHECK(resolve("gpu", err) == 1);
+  visible = "GPU-5f1e0b9a-aaaa-bbbb-cccc-0123456789ab";
+  CHECK(resolve("gpu", err) == 1);
+  visible = "";  // hides every GPU
+  CHECK(resolve("auto", err) == cpus);
+  CHECK(err.empty());
+  resolve("gpu", err);
+  CHECK(err.find("CUDA_VISIBLE_DEVICES='' hides them") != std::string::npos);
+  visible = nullptr;
+  gpus(0);
+  CHECK(resolve("auto", err) == cpus);
+  resolve("gpu", err);
+  CHECK(err.find("no GPU here") != std::string::npos);
+  auto bad = parse_args({"cclite-run", "--nproc-per-node", "gpus", "prog"});
+  CHECK(bad.what == parse_result::action::usage_error);
+  CHECK(bad.error.find("gpu, cpu or auto") != std::string::npos);
+  ::rmdir(dir.c_str());
+
+  // The launcher itself: one worker per usable CPU; "gpu" where the driver
+  // lists no GPU (this machine, unless it has one) is a usage error.
+  launcher l({"--nproc-per-node", "cpu", "/bin/sh", "-c", "echo $LOCAL_WORLD_SIZE"});
+  auto r = l.finish();
+  INFO(r.err);
+  CHECK(r.status == 0);
+  auto lines = by_rank(r.out);
+  CHECK(lines.size() == static_cast<std::size_t>(cpus));
+  for (const auto& [rank, line] : lines) CHECK(line == std::to_string(cpus));
+  if (visible_gpus(std::getenv("CUDA_VISIBLE_DEVICES")) == 0) {
+    launcher g({"--nproc-per-node", "gpu", "/bin/true"});
+    auto rg = g.finish();
+    CHECK(rg.status == 2);
+    CHECK(rg.err.find("--nproc-per-node gpu: no GPU here") != std::string::npos);
+  }
 }
 
 TEST_CASE("line_splitter: whole prefixed lines, partial line at EOF") {

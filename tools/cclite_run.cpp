@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "run/agent.hpp"
+#include "run/devices.hpp"
 #include "run/job.hpp"
 #include "run/options.hpp"
 #include "run/posix.hpp"
@@ -60,11 +61,14 @@ int main(int argc, char** argv) {
   using namespace cclite::run;
   ensure_standard_fds_open();
 
-  // Under srun (one cclite-run per node): the node count and the agents'
-  // meeting point from the step, unless the command line gives them.
+  // --nproc-per-node gpu|cpu|auto counted here; under srun (one cclite-run
+  // per node) the node count and the agents' meeting point from the step,
+  // unless the command line gives them.
   std::string srun_note;
+  auto env = [](const char* v) { return static_cast<const char*>(std::getenv(v)); };
   parse_result parsed = parse_args(std::vector<std::string>(argv, argv + argc), [&](options& o) {
-    return apply_srun(o, [](const char* v) { return static_cast<const char*>(std::getenv(v)); }, srun_note);
+    std::string err = resolve_nproc(o, env);
+    return err.empty() ? apply_srun(o, env, srun_note) : err;
   });
   if (parsed.what == parse_result::action::help) {
     write_all(STDOUT_FILENO, usage_text());

@@ -18,6 +18,7 @@ namespace cclite::run {
 
 struct options {
   int nproc_per_node = 1;
+  std::string nproc_spec;  ///< --nproc-per-node gpu|cpu|auto, resolved by resolve_nproc (devices.hpp); "" for a number
   int nnodes = 1;      ///< the most nodes (MAX of --nnodes MIN:MAX)
   bool nnodes_given = false;  ///< --nnodes was on the command line (srun fills it in otherwise)
   int min_nnodes = 0;  ///< MIN of --nnodes MIN:MAX; 0: same as nnodes
@@ -181,8 +182,10 @@ inline parse_result parse_args(const std::vector<std::string>& args,
     }
 
     if (flag == "--nproc-per-node") {
-      if (!detail::parse_int(value, 1, 1 << 20, o.nproc_per_node))
-        return fail("--nproc-per-node needs a positive integer, got '" + value + "'");
+      o.nproc_spec.clear();
+      if (value == "gpu" || value == "cpu" || value == "auto") o.nproc_spec = value;
+      else if (!detail::parse_int(value, 1, 1 << 20, o.nproc_per_node))
+        return fail("--nproc-per-node needs a positive integer, gpu, cpu or auto, got '" + value + "'");
     } else if (flag == "--nnodes") {
       o.nnodes_given = true;
       if (auto colon = value.find(':'); colon != std::string::npos) {
@@ -244,7 +247,9 @@ the torchrun environment, relays their output line by line with a "[rank R]: "
 prefix, and stops the whole job as soon as one worker fails.
 
 options (--name value or --name=value; '_' may replace '-' as in torchrun):
-  --nproc-per-node N   workers on this node (default 1)
+  --nproc-per-node N   workers on this node (default 1); gpu: one per GPU this
+                       process may use (CUDA_VISIBLE_DEVICES), cpu: one per CPU
+                       it may run on, auto: gpu if there are GPUs, else cpu
   --nnodes M           nodes in the job (default 1); M > 1 needs --rdzv-endpoint
                        (under srun: the step's node count)
   --rdzv-endpoint H:P  where the nodes' agents meet (default port 29400): the
