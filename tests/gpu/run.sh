@@ -54,6 +54,8 @@
 #                        (nccl-tests columns) 1-256 MiB on the native engine's ipc and
 #                        staged paths, 2 ranks sharing the GPU, and NCCL beside them
 #                        when there are 2+ GPUs (CMake build only)
+#   nproc_gpu            cclite-run --nproc-per-node gpu starts one worker per GPU the
+#                        driver lists (/proc/driver/nvidia/gpus)
 #   train_cuda           tests/gpu/train_cuda.sh: samples/train_fashion_mnist_cuda, 1 epoch
 #                        on 2 ranks sharing the GPU via cclite-run, test accuracy > 0.8
 #                        (skipped without the dataset: FASHION_MNIST_DIR)
@@ -245,6 +247,11 @@ elif [ $built_with = direct ]; then
   echo "RESULT step device_perf SKIPPED_DIRECT_BUILD" >> "$RES"; say "device_perf: skipped (direct build)"
 else
   echo "RESULT step device_perf NOT_BUILT" >> "$RES"; fails=$((fails + 1)); say "device_perf: not built"
+fi
+if [ -x "$BIN/cclite-run" ]; then  # --nproc-per-node gpu: one worker per GPU the driver lists
+  run nproc_gpu 30 /bin/sh -c 'n=$(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l); [ "$n" -gt 0 ] || exit 77
+    out=$("$0" --nproc-per-node gpu /bin/sh -c "echo \$LOCAL_WORLD_SIZE"); echo "$out"
+    c=$(echo "$out" | grep -c ": $n\$"); echo "RESULT nproc_gpu workers=$c gpus=$n"; [ "$c" = "$n" ]' "$BIN/cclite-run"
 fi
 if [ -x "$BIN/train_fashion_mnist_cuda" ] && [ -x "$BIN/cclite-run" ]; then
   run train_cuda 300 "$ROOT/tests/gpu/train_cuda.sh" "$BIN/train_fashion_mnist_cuda" "$BIN/cclite-run"
