@@ -37,16 +37,16 @@ namespace cclite {
 /// Out-of-place calls of at least this many bytes (ring_allreduce: the
 /// buffer; ring_allgather and the pairwise alltoall: the whole output) write
 /// their final segments and their pure copies into the send FIFO with
-/// non-temporal stores (primitives::stream_output). 2 ranks on the development VM, alternated
-/// runs (session 8): final segments streamed, 16 MiB 10.7-11.8 -> 12.0-12.6
-/// GB/s busbw, 64 MiB 9.8-10.4 -> 10.6-10.9 (3 pairs); the FIFO copies too,
-/// 64 MiB a further +7 % (median 9.6 -> 10.3 in 8 of 8 pairs, a slower hour).
-/// At 1-8 MiB, where the data still fits the cache, 0.5-2 GB/s slower; in
-/// place slower at every size (the FIFO part by 40 %); reducing into the FIFO
-/// or a scratch piece to stream the reduced segment as well lost. Allgather,
-/// 2 ranks, 5 alternated pairs (session 18): 16 MiB +10 % (17.7 -> 19.4 GB/s
-/// algbw, medians), 4-8 MiB within the noise (+6 %, -2 %); alltoall, 4 pairs:
-/// 16 MiB +10 %, 32-64 MiB +3-4 %.
+/// non-temporal stores (primitives::stream_output). 2 ranks on the
+/// development VM, alternated runs (session 8): final segments streamed,
+/// 16 MiB 10.7-11.8 -> 12.0-12.6 GB/s busbw, 64 MiB 9.8-10.4 -> 10.6-10.9
+/// (3 pairs); the FIFO copies too, 64 MiB a further +7 % (median 9.6 -> 10.3
+/// in 8 of 8 pairs, a slower hour). At 1-8 MiB, where the data still fits the
+/// cache, 0.5-2 GB/s slower; in place slower at every size (the FIFO part by
+/// 40 %); reducing into the FIFO or a scratch piece to stream the reduced
+/// segment as well lost. Allgather, 2 ranks, 5 alternated pairs (session
+/// 18): 16 MiB +10 % (17.7 -> 19.4 GB/s algbw, medians), 4-8 MiB within the
+/// noise (+6 %, -2 %); alltoall, 4 pairs: 16 MiB +10 %, 32-64 MiB +3-4 %.
 inline constexpr std::size_t ring_stream_output_min_bytes = std::size_t{16} << 20;
 
 template <class Prev, class Next>
