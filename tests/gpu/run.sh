@@ -50,6 +50,7 @@
 #                        bitwise equal, within 1e-4 of a 1-process run; stream-ordered waits
 #                        return while the GPU is busy; host_wait + no_sync micro-batches
 #   hello_device         samples/hello_device_allreduce on 2 ranks sharing the GPU
+#   hello_device_nvcc    the same sample compiled as a .cu file by nvcc (CMake build)
 #   device_perf          tests/gpu/device_perf.sh sweep: bench/device_allreduce_perf
 #                        (nccl-tests columns) 1-256 MiB on the native engine's ipc and
 #                        staged paths, 2 ranks sharing the GPU, and NCCL beside them
@@ -168,6 +169,7 @@ if [ $built_with = none ] && command -v cmake >/dev/null && [ $have_doctest = 1 
       say "train_fashion_mnist_cuda / cclite-run not built (needs zlib and cuBLAS; see $LOG)"
     cmake --build "$BUILD" -j"$JOBS" --target device_allreduce_perf hello_device_allreduce >>"$LOG" 2>&1 ||
       say "device_allreduce_perf / hello_device_allreduce not built (see $LOG)"
+    cmake --build "$BUILD" -j"$JOBS" --target hello_device_nvcc >>"$LOG" 2>&1 || say "hello_device_nvcc not built (see $LOG)"
   else
     say "cmake build failed (see $LOG); trying nvcc/g++ directly"
   fi
@@ -240,6 +242,9 @@ elif [ $built_with = direct ]; then
   echo "RESULT step hello_device SKIPPED_DIRECT_BUILD" >> "$RES"; say "hello_device: skipped (direct build)"
 else
   echo "RESULT step hello_device NOT_BUILT" >> "$RES"; fails=$((fails + 1)); say "hello_device: not built"
+fi
+if [ -x "$BIN/hello_device_nvcc" ] && [ -x "$BIN/cclite-run" ]; then  # the same sample compiled by nvcc
+  run hello_device_nvcc 60 "$BIN/cclite-run" --nproc-per-node 2 "$BIN/hello_device_nvcc"
 fi
 if [ -x "$BIN/device_allreduce_perf" ] && [ -x "$BIN/cclite-run" ]; then
   run device_perf 240 "$ROOT/tests/gpu/device_perf.sh" "$BIN/device_allreduce_perf" "$BIN/cclite-run" sweep
