@@ -534,6 +534,74 @@ TEST_CASE("launcher: stdout and stderr keep apart, every line prefixed") {
   CHECK_MESSAGE(either_order, r.err);
 }
 
+namespace {
+
+std::string file_text(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return "<missing>";
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+/// The run directory cclite-run named on stderr ("worker logs in DIR").
+std::string logs_dir(const std::string& err) {
+  const std::string key = "worker logs in ";
+  auto at = err.find(key);
+  if (at == std::string::npos) return {};
+  at += key.size();
+  return err.substr(at, err.find('\n', at) - at);
+}
+
+}  // namespace
+
+TEST_CASE("launcher: --log-dir with --tee and --redirects, per local rank and per restart") {
+  char tmpl[] = "/tmp/cclite-logs-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string base = tmpl;
+  // stdout of every worker teed (files and console); rank 0's stderr redirected (file only).
+  launcher a({"--nproc-per-node", "2", "--log-dir", base, "--tee", "1", "-r", "0:2", "--rdzv-id", "job/7",
+              "/bin/sh", "-c", "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2"});
+  auto ra = a.finish();
+  INFO(ra.out << ra.err);
+  REQUIRE(ra.status == 0);
+  CHECK(ra.out.find("[rank 0]: out0\n") != std::string::npos);
+  CHECK(ra.out.find("[rank 1]: out1\n") != std::string::npos);
+  CHECK(ra.err.find("[rank 1]: err1\n") != std::string::npos);
+  CHECK(ra.err.find("err0") == std::string::npos);  // redirected: its file only
+  const std::string dir = logs_dir(ra.err);
+  CHECK(dir.rfind(base + "/job_7_", 0) == 0);  // the id made one path component
+  CHECK(file_text(dir + "/attempt_0/0/stdout.log") == "out0\n");  // as written, no prefix
+  CHECK(file_text(dir + "/attempt_0/0/stderr.log") == "err0\n");
+  CHECK(file_text(dir + "/attempt_0/1/stdout.log") == "out1\n");
+  CHECK(file_text(dir + "/attempt_0/1/stderr.log") == "<missing>");  // neither teed nor redirected
+
+  // A restart writes under attempt_1; redirected output stays off the console.
+  launcher b({"--log-dir", base, "--redirects", "3", "--max-restarts", "1", "/bin/sh", "-c",
+              "echo try$TORCHELASTIC_RESTART_COUNT; [ $TORCHELASTIC_RESTART_COUNT = 1 ]"});
+  auto rb = b.finish();
+  INFO(rb.out << rb.err);
+  CHECK(rb.status == 0);
+  CHECK(rb.out.find("try") == std::string::npos);
+  const std::string dir_b = logs_dir(rb.err);
+  CHECK(file_text(dir_b + "/attempt_0/0/stdout.log") == "try0\n");
+  CHECK(file_text(dir_b + "/attempt_1/0/stdout.log") == "try1\n");
+
+  // No --log-dir: a fresh directory in $TMPDIR.
+  launcher c({"-t", "3", "/bin/sh", "-c", "echo hi"}, {"TMPDIR=" + base});
+  auto rc = c.finish();
+  CHECK(rc.status == 0);
+  CHECK(logs_dir(rc.err).rfind(base + "/cclite-run_none_", 0) == 0);
+  CHECK(file_text(logs_dir(rc.err) + "/attempt_0/0/stdout.log") == "hi\n");
+
+  for (const char* bad : {"4", "0:x", "1,2", "0:1,"}) {
+    launcher d({"--redirects", bad, "/bin/true"});
+    auto rd = d.finish();
+    CHECK_MESSAGE(rd.status == 2, bad);
+    CHECK(rd.err.find("--redirects '" + std::string(bad) + "': give 0 (none)") != std::string::npos);
+  }
+  std::string cleanup = "rm -rf '" + base + "'";
+  CHECK(std::system(cleanup.c_str()) == 0);
+}
+
 TEST_CASE("launcher: --no-prefix passes output through unchanged") {
   auto r = run({"--no-prefix", "/bin/sh", "-c", "printf 'a\\n\\nb'"});
   CHECK(r.status == 0);

@@ -20,6 +20,7 @@
 #include "run/agent.hpp"
 #include "run/devices.hpp"
 #include "run/job.hpp"
+#include "run/logs.hpp"
 #include "run/options.hpp"
 #include "run/posix.hpp"
 #include "run/signals.hpp"
@@ -76,6 +77,9 @@ int main(int argc, char** argv) {
   }
   if (parsed.what == parse_result::action::usage_error) return usage_error(parsed.error);
   if (!srun_note.empty() && debug_on()) write_all(STDERR_FILENO, "cclite-run: INFO " + srun_note + "\n");
+  if (std::string err = make_run_log_dir(parsed.opts); !err.empty()) return internal_error(err);
+  if (!parsed.opts.log_run_dir.empty())
+    write_all(STDERR_FILENO, "cclite-run: worker logs in " + parsed.opts.log_run_dir + "\n");
 
   rendezvous rdzv;
   if (std::string err = plan_rendezvous(parsed.opts, rdzv); !err.empty()) return usage_error(err);

@@ -35,6 +35,9 @@ struct options {
   double rdzv_timeout_s = 900;    ///< how long agents wait for every node to join
   double node_timeout_s = 15;     ///< a node whose agent is silent this long is lost
   double rdzv_last_call_s = 30;   ///< elastic: close a round this long after the last newcomer
+  std::string log_dir;            ///< --log-dir; "" = $TMPDIR when output goes to files
+  std::string redirects, tee;     ///< --redirects / --tee: "N" or "LOCAL:N,..." (logs.hpp); "": none
+  std::string log_run_dir;        ///< set at start (make_run_log_dir), not a flag
   std::vector<std::string> command;
 };
 
@@ -84,10 +87,37 @@ inline bool parse_seconds(const std::string& s, double& out) {
 
 }  // namespace detail
 
+/// The streams (bit 1 stdout, bit 2 stderr) that `spec` names for local rank
+/// `local`; -1 when `spec` is malformed ("" names none). --redirects and
+/// --tee take "N" (0 none, 1 stdout, 2 stderr, 3 both) or "LOCAL:N,...".
+inline int std_streams_for(const std::string& spec, int local) {
+  if (spec.empty()) return 0;
+  int n = 0;
+  if (spec.find(':') == std::string::npos) return detail::parse_int(spec, 0, 3, n) ? n : -1;
+  int found = 0;
+  for (std::size_t at = 0; at <= spec.size();) {
+    std::size_t end = spec.find(',', at);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(at, end - at);
+    const std::size_t colon = item.find(':');
+    int rank = 0;
+    if (colon == std::string::npos || !detail::parse_int(item.substr(0, colon), 0, 1 << 20, rank) ||
+        !detail::parse_int(item.substr(colon + 1), 0, 3, n))
+      return -1;
+    if (rank == local) found = n;
+    at = end + 1;
+  }
+  return found;
+}
+
 /// Checks that hold across flags (multi-node needs a node rank and an address).
 /// Returns an empty string when the options are consistent.
 inline std::string validate(const options& o) {
   if (o.command.empty()) return "no program given; the program to run comes after the options";
+  for (const auto* spec : {&o.redirects, &o.tee})
+    if (std_streams_for(*spec, 0) < 0)
+      return std::string(spec == &o.redirects ? "--redirects" : "--tee") + " '" + *spec +
+             "': give 0 (none), 1 (stdout), 2 (stderr) or 3 (both), for every worker or per local rank as 0:1,1:2";
   if (static_cast<long long>(o.nnodes) * o.nproc_per_node > (1LL << 30))
     return "--nnodes x --nproc-per-node is " +
            std::to_string(static_cast<long long>(o.nnodes) * o.nproc_per_node) +
@@ -147,14 +177,14 @@ inline parse_result parse_args(const std::vector<std::string>& args,
       r.what = parse_result::action::help;
       return r;
     }
-    if (arg.rfind("--", 0) != 0) return fail("unknown option '" + arg + "'");
+    std::string flag = arg == "-r" ? "--redirects" : arg == "-t" ? "--tee" : arg;  // torchrun's short forms
+    if (flag.rfind("--", 0) != 0) return fail("unknown option '" + arg + "'");
 
-    std::string flag = arg;
     std::string value;
     bool has_inline_value = false;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      flag = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
       has_inline_value = true;
     }
     flag = detail::canonical_flag(flag);
@@ -172,7 +202,7 @@ inline parse_result parse_args(const std::vector<std::string>& args,
     static const char* const valued[] = {
         "--nproc-per-node", "--nnodes",      "--node-rank", "--rdzv-endpoint", "--rdzv-id",
         "--master-addr",    "--master-port", "--timeout",   "--rdzv-backend",  "--max-restarts",
-        "--rdzv-timeout",   "--node-timeout", "--rdzv-last-call"};
+        "--rdzv-timeout",   "--node-timeout", "--rdzv-last-call", "--log-dir", "--redirects", "--tee"};
     bool known = false;
     for (const char* v : valued) known = known || flag == v;
     if (!known) return fail("unknown option '" + arg + "'");
@@ -224,6 +254,13 @@ inline parse_result parse_args(const std::vector<std::string>& args,
     } else if (flag == "--max-restarts") {
       if (!detail::parse_int(value, 0, 1 << 20, o.max_restarts))
         return fail("--max-restarts needs an integer >= 0, got '" + value + "'");
+    } else if (flag == "--log-dir") {
+      if (value.empty()) return fail("--log-dir needs a directory");
+      o.log_dir = value;
+    } else if (flag == "--redirects") {
+      o.redirects = value;
+    } else if (flag == "--tee") {
+      o.tee = value;
     } else if (flag == "--rdzv-last-call") {
       if (!detail::parse_seconds(value, o.rdzv_last_call_s))
         return fail("--rdzv-last-call needs a number of seconds > 0, got '" + value + "'");
@@ -281,6 +318,12 @@ options (--name value or --name=value; '_' may replace '-' as in torchrun):
   --tee-prefix         prefix worker output with "[rank R]: " (default)
   --no-prefix          pass worker output through unchanged (still whole lines)
   --timeout SEC        stop the job and exit 124 after SEC seconds
+  --log-dir DIR        where --redirects / --tee write: DIR/<rdzv-id>_XXXXXX/
+                       attempt_<restart>/<local rank>/{stdout,stderr}.log (default:
+                       a new directory in $TMPDIR)
+  -r, --redirects N    a worker's streams into its log files instead of here: 0
+                       none, 1 stdout, 2 stderr, 3 both; or per local rank: 0:1,1:2
+  -t, --tee N          the same streams into the files and here as well
   --no-python          accepted for torchrun command lines; no effect
   -h, --help           print this help
 

@@ -16,12 +16,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "agent.hpp"
 #include "job.hpp"
+#include "logs.hpp"
 #include "options.hpp"
 #include "signals.hpp"
 #include "worker.hpp"
@@ -94,8 +96,21 @@ class supervisor {
       std::string prefix = opts_.prefix ? "[rank " + std::to_string(w.rank) + "]: " : "";
       w.out_lines = line_splitter(prefix);
       w.err_lines = line_splitter(prefix);
-      auto env = merge_environment(environ, worker_variables(opts_, rdzv_, local));
-      spawn_result r = spawn_worker(w, opts_.command, env, signals_);
+      // --redirects: into the worker's log files only; --tee: there and here.
+      const int redirect = std_streams_for(opts_.redirects, local), tee = std_streams_for(opts_.tee, local);
+      w.out_console = !(redirect & 1) || (tee & 1);
+      w.err_console = !(redirect & 2) || (tee & 2);
+      spawn_result r;
+      r.error = open_worker_logs(opts_.log_run_dir, rdzv_.restart_count, local, (redirect | tee) & 3, w.out_log,
+                                 w.err_log);
+      if (r.error.empty()) {
+        auto env = merge_environment(environ, worker_variables(opts_, rdzv_, local));
+        r = spawn_worker(w, opts_.command, env, signals_);
+      }
+      if (!r.ok) {
+        close_fd(w.out_log);
+        close_fd(w.err_log);
+      }
       if (!r.ok) {
         say(r.error);
         exit_code_ = r.exec_errno == 0 ? 1 : r.exec_errno == ENOENT ? 127 : 126;
@@ -136,8 +151,8 @@ class supervisor {
     auto until = clock::now() + t_.output_drain;
     while (any_stream_open() && clock::now() < until) poll_once(until);
     for (worker& w : workers_) {
-      finish_stream(w.out_fd, w.out_lines, STDOUT_FILENO);
-      finish_stream(w.err_fd, w.err_lines, STDERR_FILENO);
+      finish_stream(w, false);
+      finish_stream(w, true);
     }
   }
 
@@ -181,33 +196,45 @@ class supervisor {
       if (fds[i].revents == 0) continue;
       worker& w = *sources[i - 2].w;
       // One read per ready pipe per round keeps a chatty worker from starving the others.
-      if (sources[i - 2].is_err)
-        read_stream(w.err_fd, w.err_lines, STDERR_FILENO, 1);
-      else
-        read_stream(w.out_fd, w.out_lines, STDOUT_FILENO, 1);
+      read_stream(w, sources[i - 2].is_err, 1);
     }
   }
 
-  /// Reads up to `max_reads` chunks from `fd` and writes the whole lines they
-  /// complete to `to`. At EOF flushes the last partial line and closes `fd`.
-  void read_stream(int& fd, line_splitter& lines, int to, int max_reads) {
+  /// Reads up to `max_reads` chunks from worker `w`'s stdout (or stderr),
+  /// writes them to its log file as they are, and the whole lines they
+  /// complete to our stdout (stderr) unless redirected. At EOF flushes the last
+  /// partial line and closes the pipe and the file.
+  void read_stream(worker& w, bool err, int max_reads) {
+    int& fd = err ? w.err_fd : w.out_fd;
     char buf[64 * 1024];
     for (int reads = 0; fd >= 0 && reads < max_reads;) {
       ssize_t n = ::read(fd, buf, sizeof(buf));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) {  // EOF (or a read error, which we treat the same way)
-        finish_stream(fd, lines, to);
+        finish_stream(w, err);
         return;
       }
-      emit(to, lines.feed(std::string_view(buf, static_cast<std::size_t>(n))));
+      const std::string_view chunk(buf, static_cast<std::size_t>(n));
+      int& log = err ? w.err_log : w.out_log;
+      if (log >= 0 && !write_all(log, chunk.data(), chunk.size())) {
+        say("rank " + std::to_string(w.rank) + ": writing its log file failed (" + std::strerror(errno) +
+            "); its output goes on here");
+        close_fd(log);
+        (err ? w.err_console : w.out_console) = true;
+      }
+      if (err ? w.err_console : w.out_console)
+        emit(err ? STDERR_FILENO : STDOUT_FILENO, (err ? w.err_lines : w.out_lines).feed(chunk));
       ++reads;
     }
   }
 
-  void finish_stream(int& fd, line_splitter& lines, int to) {
+  void finish_stream(worker& w, bool err) {
+    int& fd = err ? w.err_fd : w.out_fd;
+    line_splitter& lines = err ? w.err_lines : w.out_lines;
+    close_fd(err ? w.err_log : w.out_log);
     if (fd < 0 && !lines.has_pending()) return;
-    emit(to, lines.finish());
+    emit(err ? STDERR_FILENO : STDOUT_FILENO, lines.finish());
     close_fd(fd);
   }
 
@@ -229,8 +256,8 @@ class supervisor {
   void on_exit(worker& w, int status) {
     w.running = false;
     // Its last words first: what it wrote before exiting is already in the pipes.
-    read_stream(w.out_fd, w.out_lines, STDOUT_FILENO, 16);
-    read_stream(w.err_fd, w.err_lines, STDERR_FILENO, 16);
+    read_stream(w, false, 16);
+    read_stream(w, true, 16);
     if (stopping_) return;  // an effect of the stop we started, not news
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
 

@@ -33,6 +33,8 @@ struct worker {
   int err_fd = -1;  ///< read end of its stderr pipe
   line_splitter out_lines;
   line_splitter err_lines;
+  int out_log = -1, err_log = -1;  ///< its log files (--redirects / --tee, logs.hpp), or -1
+  bool out_console = true, err_console = true;  ///< relayed to our stdout / stderr
 };
 
 struct spawn_result {
