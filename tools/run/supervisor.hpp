@@ -110,8 +110,6 @@ class supervisor {
       if (!r.ok) {
         close_fd(w.out_log);
         close_fd(w.err_log);
-      }
-      if (!r.ok) {
         say(r.error);
         exit_code_ = r.exec_errno == 0 ? 1 : r.exec_errno == ENOENT ? 127 : 126;
         if (peers_) peers_->report_failure(r.error + " (host " + host_ + ")", *exit_code_);
