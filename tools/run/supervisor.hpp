@@ -203,10 +203,10 @@ class supervisor {
   /// complete to our stdout (stderr) unless redirected. At EOF flushes the last
   /// partial line and closes the pipe and the file.
   void read_stream(worker& w, bool err, int max_reads) {
-    int& fd = err ? w.err_fd : w.out_fd;
+    stream s = stream_of(w, err);
     char buf[64 * 1024];
-    for (int reads = 0; fd >= 0 && reads < max_reads;) {
-      ssize_t n = ::read(fd, buf, sizeof(buf));
+    for (int reads = 0; s.fd >= 0 && reads < max_reads;) {
+      ssize_t n = ::read(s.fd, buf, sizeof(buf));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       if (n <= 0) {  // EOF (or a read error, which we treat the same way)
@@ -214,26 +214,37 @@ class supervisor {
         return;
       }
       const std::string_view chunk(buf, static_cast<std::size_t>(n));
-      int& log = err ? w.err_log : w.out_log;
-      if (log >= 0 && !write_all(log, chunk.data(), chunk.size())) {
+      if (s.log >= 0 && !write_all(s.log, chunk.data(), chunk.size())) {
         say("rank " + std::to_string(w.rank) + ": writing its log file failed (" + std::strerror(errno) +
             "); its output goes on here");
-        close_fd(log);
-        (err ? w.err_console : w.out_console) = true;
+        close_fd(s.log);
+        s.console = true;
       }
-      if (err ? w.err_console : w.out_console)
-        emit(err ? STDERR_FILENO : STDOUT_FILENO, (err ? w.err_lines : w.out_lines).feed(chunk));
+      if (s.console) emit(s.to, s.lines.feed(chunk));
       ++reads;
     }
   }
 
   void finish_stream(worker& w, bool err) {
-    int& fd = err ? w.err_fd : w.out_fd;
-    line_splitter& lines = err ? w.err_lines : w.out_lines;
-    close_fd(err ? w.err_log : w.out_log);
-    if (fd < 0 && !lines.has_pending()) return;
-    emit(err ? STDERR_FILENO : STDOUT_FILENO, lines.finish());
-    close_fd(fd);
+    stream s = stream_of(w, err);
+    close_fd(s.log);
+    if (s.fd < 0 && !s.lines.has_pending()) return;
+    emit(s.to, s.lines.finish());
+    close_fd(s.fd);
+  }
+
+  // One of a worker's two output streams: its pipe, its lines, its log file,
+  // whether it reaches our console, and which of our fds that is.
+  struct stream {
+    int& fd;
+    line_splitter& lines;
+    int& log;
+    bool& console;
+    int to;
+  };
+  static stream stream_of(worker& w, bool err) {
+    if (err) return {w.err_fd, w.err_lines, w.err_log, w.err_console, STDERR_FILENO};
+    return {w.out_fd, w.out_lines, w.out_log, w.out_console, STDOUT_FILENO};
   }
 
   void reap() {
