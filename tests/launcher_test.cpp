@@ -966,6 +966,32 @@ TEST_CASE("elastic: --nnodes 1:2 goes on with the node that is left") {
   b.finish();
 }
 
+TEST_CASE("elastic: a node that arrives while the job runs is taken in (scale-up)") {
+  const std::string port = free_port();
+  // No --max-restarts: a membership change is not a restart (torchrun).
+  std::vector<std::string> args{"--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-id", "j8",
+                                "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-timeout", "60",
+                                "--node-timeout", "3", "--rdzv-last-call", "1", "/bin/sh", "-c",
+                                "echo try $TORCHELASTIC_RESTART_COUNT world $WORLD_SIZE nodes $GROUP_WORLD_SIZE; "
+                                "[ $WORLD_SIZE = 2 ] && exec sleep 60; exit 0"};
+  launcher a(args);
+  REQUIRE(a.wait_for_stdout("world 2 nodes 1", 2, 60s));  // the round closed with a alone
+  launcher b(args);
+  auto ra = a.finish(90s), rb = b.finish(90s);
+  INFO("a: " << ra.err << "\nb: " << rb.err);
+  CHECK(ra.status == 0);
+  CHECK(rb.status == 0);
+  CHECK(contains(ra.err, "a node is waiting to join (the job has 1 of at most 2 nodes)"));
+  CHECK(contains(ra.err, "not counted as a restart"));
+  // Both nodes' workers ran in the larger round, still at restart 0.
+  CHECK(by_rank(ra.out).size() == 4);  // 2 workers alone, then 2 in the 2-node round
+  CHECK(by_rank(rb.out).size() == 2);
+  CHECK(contains(ra.out, "try 0 world 4 nodes 2"));
+  CHECK(contains(rb.out, "try 0 world 4 nodes 2"));
+  CHECK_FALSE(contains(rb.out, "world 2"));  // b never ran in a's first round
+  CHECK_FALSE(contains(ra.err + rb.err, "restart 1"));
+}
+
 TEST_CASE("restarts: a signal cancels the job on every node instead of restarting it") {
   const std::string port = free_port();
   auto args = agent_args(port, "j7", {"--max-restarts", "3", "/bin/sh", "-c", "echo up; sleep 60"});

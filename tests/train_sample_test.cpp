@@ -152,6 +152,31 @@ TEST_CASE("train_fashion_mnist: train, resume, kill mid-epoch and resume, refuse
   CHECK_FALSE(has(e.text, "epoch 4/5:"));
 }
 
+// An elastic job (cclite-run --nnodes MIN:MAX) restarts its workers with another
+// world size when a node is lost or joins; they resume from the checkpoint.
+TEST_CASE("train_fashion_mnist: a 2-rank checkpoint resumes in a 3-rank job") {
+  if (!have_trainer() || !have_dataset()) {
+    MESSAGE("train_fashion_mnist or dataset-fashion-mnist missing: skipped (scripts/install-deps.sh installs both)");
+    return;
+  }
+  cclite::test::temp_dir dir;
+  const std::string ck = dir.path + "/ck.bin";
+  auto ranks = [&](int n, const std::string& args) {  // a global batch of 96 splits over 2 and 3 ranks
+    return bin_dir() + "/cclite-run --timeout 120 --nproc-per-node " + std::to_string(n) + " " + trainer() +
+           " --hidden 64 --max-steps 40 --batch 96 --progress none --checkpoint " + ck + " " + args;
+  };
+  run_out a = sh(ranks(2, "--epochs 1"));
+  INFO(a.text);
+  REQUIRE(a.rc == 0);
+  run_out b = sh(ranks(3, "--epochs 2 --resume"));
+  INFO(b.text);
+  CHECK(b.rc == 0);
+  CHECK(has(b.text, "1 epoch(s) done, continuing with epoch 2"));
+  CHECK(has(b.text, "epoch 2/2:"));
+  REQUIRE(train::checkpoint::load(ck).ok());
+  CHECK(train::checkpoint::load(ck).value().get_u64("epochs_done").value() == 2);
+}
+
 // --shard-optimizer 1 (train::sharded_optimizer) trains the same model as the
 // plain step, bit for bit: the losses and accuracies printed per epoch agree,
 // for SGD and AdamW, and the job says it runs sharded.

@@ -106,22 +106,32 @@ int main(int argc, char** argv) {
         if (sig != SIGCHLD) return sig;
       return 0;
     });
-  for (int attempt = 0;; ++attempt) {
-    rdzv.restart_count = attempt;
+  // A membership change (a node waiting to join, --nnodes MIN:MAX) restarts
+  // the workers too, without counting against --max-restarts (torchrun).
+  for (int restarts = 0;;) {
+    rdzv.restart_count = restarts;
     supervisor job(o, rdzv, signals, timings{}, peers.get());
     int code = job.run();
-    if (code == 0 || !job.restartable() || attempt >= o.max_restarts) {
-      if (peers) peers->leave();
+    const bool rescale = peers && job.rescaling();
+    if (!rescale && (code == 0 || !job.restartable() || restarts >= o.max_restarts)) {
+      if (peers) peers->leave(code);
       return code;
     }
-    write_all(STDERR_FILENO, "cclite-run: restarting the workers (restart " + std::to_string(attempt + 1) +
-                                 " of " + std::to_string(o.max_restarts) + ")\n");
+    if (rescale) {
+      write_all(STDERR_FILENO, "cclite-run: restarting the workers to take in a joining node "
+                               "(a membership change, not counted as a restart)\n");
+    } else {
+      ++restarts;
+      write_all(STDERR_FILENO, "cclite-run: restarting the workers (restart " + std::to_string(restarts) +
+                                   " of " + std::to_string(o.max_restarts) + ")\n");
+    }
     // One node keeps its port: rank 0's store binds it again (SO_REUSEADDR).
     if (peers) {
       if (std::string err = peers->next_round(rdzv); !err.empty()) {
-        peers->leave();
+        const int status = peers->interrupt_signal() ? 128 + peers->interrupt_signal() : 1;
+        peers->leave(status);
         internal_error(err);
-        return peers->interrupt_signal() ? 128 + peers->interrupt_signal() : 1;
+        return status;
       }
     }
   }

@@ -21,6 +21,10 @@
 #   elastic       3 nodes, --nnodes 2:3 --max-restarts 1; node 2's agent is
 #                 SIGKILLed mid-job: nodes 0 and 1 meet again as a 2-node job
 #                 and the restarted workers pass every check
+#   elastic_grow  --nnodes 2:3: nodes 0 and 1 run a 2-node job; node 2's agent
+#                 arrives mid-job and is taken in (scale-up): every node restarts
+#                 its workers, without counting a restart, and the 3-node job
+#                 passes every check
 #   rdzv_id       an agent of another --rdzv-id at the same endpoint is
 #                 refused; the job itself completes
 #   srun          2 nodes x 2 ranks started as srun starts them (its variables,
@@ -248,6 +252,39 @@ elastic)
     eval "rc=\$RC_$i"
     [ "$rc" = 0 ] || fail "node $i: cclite-run exited $rc"
   done
+  ;;
+elastic_grow)
+  nodes_up 3
+  # The 2-node job runs until the membership changes; the 3-node one checks and ends.
+  prog='if [ "$WORLD_SIZE" = 2 ]; then exec "$0" --count 65536 --repeat 100000000; fi; exec "$0" --count 65536'
+  grow() {
+    node_run "$1" "$LOGS/node$1.log" env CCLITE_TIMEOUT=60 CCLITE_DEBUG=INFO "$BIN/cclite-run" --nnodes 2:3 \
+      --nproc-per-node 1 --rdzv-id "g$$" --rdzv-endpoint "$(node_addr 0):29400" --rdzv-timeout 60 \
+      --node-timeout 5 --rdzv-last-call 2 --timeout 200 /bin/sh -c "$prog" "$BIN/collectives_check"
+  }
+  grow 0
+  grow 1
+  n=0
+  until [ "$(cat "$LOGS"/node*.log 2>/dev/null | grep -c "iteration 1")" = 2 ]; do
+    n=$((n + 1))
+    [ "$n" -lt 300 ] || { fail "the 2-node job never got going"; finish; }
+    sleep 0.2
+  done
+  grow 2
+  node_wait 0 150
+  node_wait 1 30
+  node_wait 2 30
+  for i in 0 1 2; do
+    f="$LOGS/node$i.log"
+    grep_log "$f" "collectives_check: rank [0-2] of 3 on node$i: [0-9]* checks passed" "node $i: the 3-node job passed"
+    eval "rc=\$NODE_RC_$i"
+    [ "$rc" = 0 ] || fail "node $i: cclite-run exited $rc"
+  done
+  for i in 0 1; do
+    grep_log "$LOGS/node$i.log" "a node is waiting to join (the job has 2 of at most 3 nodes)" "node $i saw the newcomer"
+    grep_log "$LOGS/node$i.log" "not counted as a restart" "node $i restarted its workers for it"
+  done
+  grep_log "$LOGS/node2.log" "waiting for the running nodes to take it in" "node 2 waited for the next round"
   ;;
 rdzv_id)
   nodes_up 2

@@ -22,6 +22,12 @@
 //   hb/<k>, failures, failure   node_watch.hpp: heartbeats, the first failure
 //   done/<k>, left/<k>  exit barrier; the host keeps the store up until every
 //               node has left (or is lost), so nobody loses it mid-job
+//   waiting     add() counter: agents that came after the round closed with
+//               fewer than MAX nodes; the running nodes see it (node_watch.hpp)
+//               and all restart their workers in the next round, which takes
+//               the newcomers in (torchrun's scale-up; not counted as a restart)
+// and `over` (the job's exit status, written when an agent leaves the job for
+// good): an agent still waiting for a next round stops waiting.
 //
 // Every wait has a deadline: --rdzv-timeout for joining, --node-timeout for
 // liveness, a few seconds for leaving.
@@ -119,9 +125,10 @@ class agent {
     return join_round(r, until);
   }
 
-  /// After a failure, with restarts left: leaves this round and meets the
-  /// others again in the next one (the nodes alive by then; with --nnodes
-  /// MIN:MAX at least MIN). Fills in `r` as join() does.
+  /// After a failure, with restarts left, or a membership change: leaves this
+  /// round and meets the others again in the next one (the nodes alive by
+  /// then and those waiting to join; with --nnodes MIN:MAX at least MIN).
+  /// Fills in `r` as join() does.
   std::string next_round(rendezvous& r) {
     watch_.stop();
     (void)store_->set(key("left/" + me()), "1");
@@ -172,11 +179,13 @@ class agent {
     }
   }
 
-  /// Leaves the job. The host keeps serving until every other node has left
-  /// (they may still need to read the failure) or a few seconds pass.
-  void leave() {
+  /// Leaves the job for good with exit status `code`. The host keeps serving
+  /// until every other node has left (they may still need to read the
+  /// failure) or a few seconds pass.
+  void leave(int code) {
     watch_.stop();
     if (!store_) return;
+    (void)store_->set(gkey("over"), std::to_string(code));  // newcomers waiting for a round stop
     (void)store_->set(key("left/" + me()), "1");
     linger(std::chrono::seconds(10) + to_ms(o_->node_timeout_s));
   }
@@ -217,9 +226,14 @@ class agent {
       if (!err.empty()) break;
       group_ = std::atoi(closed.c_str());
       if (node_ < group_) break;
-      // Too late for this round (elastic: it closed without us): the next one.
+      // Too late for this round (elastic: it closed without us): the next
+      // one, which the running nodes open for us (node_watch sees `waiting`).
       info("round " + std::to_string(round_) + " closed with " + std::to_string(group_) +
-           " nodes before this one joined; waiting for the next round");
+           " nodes before this one joined; waiting for the running nodes to take it in");
+      if (auto w = store_->add(key("waiting"), 1); !w.ok()) {
+        err = ok_or(w.error());
+        break;
+      }
       ++round_;
       node_ = -1;
     }
@@ -303,6 +317,12 @@ class agent {
       if (v.ok() && std::atoi(v.value().c_str()) >= round_) {
         round_ = std::atoi(v.value().c_str());
         return {};
+      }
+      auto over = store_->check(gkey("over"));
+      if (over.ok() && over.value()) {
+        auto code = store_->get(gkey("over"), deadline::after(std::chrono::seconds(5)));
+        return "job '" + o_->rdzv_id + "' ended (status " + (code.ok() ? code.value() : "?") +
+               ") before this node could join it";
       }
       if (std::string e = check_interrupt(); !e.empty()) return e;
       if (until.expired())
@@ -542,7 +562,7 @@ class agent {
                                         deadline::min(until, deadline::after(std::chrono::seconds(30))),
                                         op_timeout(), user_token());
     if (!c) return "cannot open a second connection to the rendezvous: " + c.error().message();
-    watch_.start(std::move(c.value()), {key(""), node_, nodes_, o_->node_timeout_s, ep_text_});
+    watch_.start(std::move(c.value()), {key(""), node_, nodes_, o_->nnodes, o_->node_timeout_s, ep_text_});
     return {};
   }
 

@@ -6,7 +6,11 @@
 //   - a failure another node published (the job's first failure);
 //   - a node whose heartbeat stood still for --node-timeout (lost; published
 //     as the job's failure unless one came first);
-//   - the store itself going away (the endpoint's agent is gone).
+//   - the store itself going away (the endpoint's agent is gone);
+//   - a node waiting to join (agent.hpp's `waiting` key) while the round has
+//     fewer than --nnodes MAX nodes: torchrun's scale-up. It is published like
+//     a failure (the first event of the round wins), so every node restarts
+//     its workers for the membership change, not for a failure.
 // Only the first event counts. Keys are those of agent.hpp, under the
 // round's prefix.
 #pragma once
@@ -40,6 +44,9 @@ struct job_event {
   /// A restart (--max-restarts) may cure it: a worker failed or a node was
   /// lost; not a signal (the job is being cancelled) or a lost store.
   bool restartable = true;
+  /// Not a failure: a node waits to join, so every node stops its workers
+  /// and the agents meet in a larger round. Not counted as a restart.
+  bool rescale = false;
 };
 
 struct node_info {
@@ -51,16 +58,18 @@ struct node_info {
 };
 
 
-/// "CODE RESTARTABLE message" in the store's failure key -> the event.
+/// "CODE KIND message" in the store's failure key -> the event. KIND: 0 not
+/// restartable, 1 restartable, 2 a membership change (rescale).
 inline job_event parse_failure(const std::string& v) {
   job_event e;
   std::istringstream in(v);
-  int restartable = 1;
-  in >> e.exit_code >> restartable;
+  int kind = 1;
+  in >> e.exit_code >> kind;
   in.get();  // the space before the message
   std::getline(in, e.message);
   if (e.exit_code <= 0) e.exit_code = 1;
-  e.restartable = restartable != 0;
+  e.restartable = kind != 0;
+  e.rescale = kind == 2;
   return e;
 }
 
@@ -70,8 +79,8 @@ inline job_event publish_failure(cclite::store& s, const std::string& round_pref
   auto n = s.add(round_prefix + "failures", 1);
   if (!n.ok()) return mine;
   if (n.value() == 1) {
-    (void)s.set(round_prefix + "failure", std::to_string(mine.exit_code) + (mine.restartable ? " 1 " : " 0 ") +
-                                              mine.message);
+    const char* kind = mine.rescale ? " 2 " : mine.restartable ? " 1 " : " 0 ";
+    (void)s.set(round_prefix + "failure", std::to_string(mine.exit_code) + kind + mine.message);
     return mine;
   }
   auto first = s.get(round_prefix + "failure", deadline::after(std::chrono::seconds(5)));
@@ -90,6 +99,7 @@ class node_watch {
     std::string prefix;  ///< the round's key prefix
     int me = 0;          ///< this node's rank in the round
     std::vector<node_info> nodes;
+    int max_nodes = 0;  ///< --nnodes MAX: a waiting node is taken in while the round has fewer
     double node_timeout_s = 15;
     std::string endpoint;  ///< host:port of the store, for messages
   };
@@ -194,6 +204,16 @@ class node_watch {
         auto m = s.get(key("failure"), deadline::after(std::chrono::seconds(5)));
         if (m.ok()) return post(parse_failure(m.value()));
       }
+      if (n < c_.max_nodes) {
+        auto w = s.check(key("waiting"));
+        if (!w.ok()) return lost_store(w.error());
+        if (w.value() && !finishing(s, n)) {
+          std::string msg = "a node is waiting to join (the job has " + std::to_string(n) + " of at most " +
+                            std::to_string(c_.max_nodes) +
+                            " nodes); the workers restart on every node to take it in";
+          return post(publish_failure(s, c_.prefix, {msg, 1, true, /*rescale=*/true}));
+        }
+      }
       for (int k = 0; k < n; ++k) {
         if (k == c_.me || done[k]) continue;
         auto d = s.check(key("left/" + std::to_string(k)));
@@ -219,6 +239,16 @@ class node_watch {
         }
       }
     }
+  }
+
+  /// Some node's workers have all finished (exit barrier): the job is ending,
+  /// so a newcomer is not taken in (it would restart finished work).
+  bool finishing(tcp::store_client& s, int n) const {
+    for (int k = 0; k < n; ++k) {
+      auto d = s.check(key("done/" + std::to_string(k)));
+      if (d.ok() && d.value()) return true;
+    }
+    return false;
   }
 
   config c_;

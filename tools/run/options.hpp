@@ -304,7 +304,10 @@ options (--name value or --name=value; '_' may replace '-' as in torchrun):
   --node-timeout SEC   a node whose agent is silent this long is declared lost
                        and the job stops on every node (default 15)
   --nnodes MIN:MAX     elastic: start with MAX nodes, or with at least MIN once
-                       --rdzv-last-call SEC (default 30) passed without a newcomer
+                       --rdzv-last-call SEC (default 30) passed without a newcomer;
+                       a node that arrives later, while there are fewer than
+                       MAX, is taken in: every node restarts its workers (not
+                       counted by --max-restarts)
   --max-restarts K     after a failure (a worker, or a lost node) restart every
                        node's workers, up to K times: the agents meet again
                        (without the lost nodes, if MIN allows) and the workers

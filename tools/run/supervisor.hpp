@@ -73,6 +73,7 @@ class supervisor {
         say(e->message);
         exit_code_ = e->exit_code;
         restartable_ = e->restartable;
+        rescale_ = e->rescale;
       }
     }
     return exit_code_.value_or(0);
@@ -82,6 +83,10 @@ class supervisor {
   /// failed, here or on another node, or a node was lost), as opposed to a
   /// signal, --timeout or a program that cannot be executed.
   bool restartable() const { return restartable_ && exit_code_.value_or(0) != 0; }
+
+  /// After run(): the workers were stopped because a node waits to join
+  /// (--nnodes MIN:MAX); the agents meet again without counting a restart.
+  bool rescaling() const { return rescale_; }
 
  private:
   using clock = std::chrono::steady_clock;
@@ -287,6 +292,12 @@ class supervisor {
                       std::to_string(w.pid) + ") " + how;
     if (peers_) {
       job_event first = peers_->report_failure(msg, *exit_code_);
+      if (first.rescale) {  // our workers were stopped elsewhere to take a new node in
+        rescale_ = true;
+        say(msg + ": " + first.message);  // what stopped it: the newcomer, not a failure
+        stop(SIGTERM, t_.failure_grace);
+        return;
+      }
       if (first.message != msg) {  // another node failed first: its failure is the job's
         say(msg + " after another node failed");
         msg = "the first failure: " + first.message;
@@ -308,6 +319,7 @@ class supervisor {
     if (stopping_) return;
     exit_code_ = e.exit_code;
     restartable_ = e.restartable;
+    rescale_ = e.rescale;
     int n = running_count();
     say(e.message + (n > 0 ? "; stopping the " + plural(n, "worker") + " on this node" : ""));
     stop(SIGTERM, t_.failure_grace);
@@ -319,6 +331,7 @@ class supervisor {
     say("received " + signal_name(sig) + "; forwarding it to " + plural(n, "worker") +
         (kill_at_ ? "" : " (SIGKILL in " + seconds(t_.signal_grace) + " if they keep running)"));
     if (!exit_code_) exit_code_ = 128 + sig;
+    rescale_ = false;  // a cancelled job does not go on to a larger round
     if (peers_)
       peers_->report_failure("cclite-run on node " + std::to_string(peers_->node_rank()) + " (host " +
                                  host_ + ") received " + signal_name(sig),
@@ -416,6 +429,7 @@ class supervisor {
 
   std::optional<int> exit_code_;  ///< the first reason to stop decides it
   bool restartable_ = false;
+  bool rescale_ = false;
   bool stopping_ = false;
   int stop_signal_ = SIGTERM;
   std::chrono::milliseconds stop_grace_{0};
