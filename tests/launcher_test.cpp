@@ -253,6 +253,19 @@ TEST_CASE("options: torchrun spellings and --flag=value parse the same") {
   CHECK_FALSE(b.opts.prefix);
   CHECK(b.opts.timeout_s == doctest::Approx(1.5));
   CHECK(b.opts.command == std::vector<std::string>{"--not-an-option"});
+
+  // torchrun's --rdzv-conf keys that cclite-run has a meaning for.
+  auto c = parse_args({"cclite-run", "--rdzv_conf=join_timeout=45,last_call_timeout=2.5,is_host=false",
+                       "--local_ranks_filter", "0,2", "x"});
+  REQUIRE(c.what == parse_result::action::run);
+  CHECK(c.opts.rdzv_timeout_s == doctest::Approx(45));
+  CHECK(c.opts.rdzv_last_call_s == doctest::Approx(2.5));
+  CHECK(c.opts.rdzv_is_host == 0);
+  CHECK(cclite::run::shown_on_console(c.opts.local_ranks_filter, 2));
+  CHECK_FALSE(cclite::run::shown_on_console(c.opts.local_ranks_filter, 1));
+  CHECK(cclite::run::shown_on_console("", 1));
+  CHECK(parse_args({"cclite-run", "--rdzv-conf", "is_host=1", "x"}).opts.rdzv_is_host == 1);
+  CHECK(parse_args({"cclite-run", "--monitor_interval", "0.1", "x"}).what == parse_result::action::run);
 }
 
 TEST_CASE("options: mistakes are one clear line") {
@@ -283,6 +296,12 @@ TEST_CASE("options: mistakes are one clear line") {
   CHECK(contains(err({"--max-restarts", "x", "x"}), "integer >= 0"));
   CHECK(contains(err({"--nnodes", "4:2", "--rdzv-endpoint", "h:1", "x"}), "MIN <= MAX"));
   CHECK(contains(err({"--nnodes", "1:2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "x"}), "elastic"));
+  CHECK(contains(err({"--local-ranks-filter", "0,x", "x"}), "--local-ranks-filter '0,x': give local ranks"));
+  CHECK(contains(err({"--local-ranks-filter", "", "x"}), "--local-ranks-filter needs"));
+  CHECK(contains(err({"--rdzv-conf", "read_timeout=60", "x"}), "key 'read_timeout' is not supported"));
+  CHECK(contains(err({"--rdzv-conf", "join_timeout", "x"}), "write key=value"));
+  CHECK(contains(err({"--rdzv-conf", "join_timeout=0", "x"}), "seconds > 0"));
+  CHECK(contains(err({"--rdzv-conf", "is_host=maybe", "x"}), "true or false"));
   CHECK(parse_args({"cclite-run", "--help"}).what == parse_result::action::help);
 }
 
@@ -602,6 +621,39 @@ TEST_CASE("launcher: --log-dir with --tee and --redirects, per local rank and pe
   CHECK(std::system(cleanup.c_str()) == 0);
 }
 
+TEST_CASE("launcher: --local-ranks-filter keeps the other ranks' output in their log files") {
+  char tmpl[] = "/tmp/cclite-logs-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string base = tmpl;
+  launcher a({"--nproc-per-node", "3", "--log-dir", base, "--local-ranks-filter", "1", "/bin/sh", "-c",
+              "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2; [ $LOCAL_RANK = 2 ] && exit 3; sleep 0.5"});
+  auto ra = a.finish();
+  INFO(ra.out << ra.err);
+  CHECK(ra.status == 3);
+  CHECK(ra.out == "[rank 1]: out1\n");  // only the filtered rank on the console
+  CHECK(contains(ra.err, "[rank 1]: err1\n"));
+  CHECK_FALSE(contains(ra.err, "err0"));
+  CHECK_FALSE(contains(ra.err, "err2"));
+  CHECK(contains(ra.err, "rank 2 (host "));  // cclite-run's own lines still name every rank
+  const std::string dir = logs_dir(ra.err);
+  CHECK(file_text(dir + "/attempt_0/0/stdout.log") == "out0\n");  // nothing lost
+  CHECK(file_text(dir + "/attempt_0/0/stderr.log") == "err0\n");
+  CHECK(file_text(dir + "/attempt_0/2/stderr.log") == "err2\n");
+  CHECK(file_text(dir + "/attempt_0/1/stdout.log") == "<missing>");  // shown, not teed
+
+  // With --tee 3 (torchrun's usual pairing) every rank's files, rank 0 alone here.
+  launcher b({"--nproc-per-node", "2", "--log-dir", base, "--tee", "3", "--local-ranks-filter", "0",
+              "/bin/sh", "-c", "echo out$LOCAL_RANK"});
+  auto rb = b.finish();
+  INFO(rb.out << rb.err);
+  CHECK(rb.status == 0);
+  CHECK(rb.out == "[rank 0]: out0\n");
+  CHECK(file_text(logs_dir(rb.err) + "/attempt_0/0/stdout.log") == "out0\n");
+  CHECK(file_text(logs_dir(rb.err) + "/attempt_0/1/stdout.log") == "out1\n");
+  std::string cleanup = "rm -rf '" + base + "'";
+  CHECK(std::system(cleanup.c_str()) == 0);
+}
+
 TEST_CASE("launcher: --no-prefix passes output through unchanged") {
   auto r = run({"--no-prefix", "/bin/sh", "-c", "printf 'a\\n\\nb'"});
   CHECK(r.status == 0);
@@ -868,6 +920,24 @@ TEST_CASE("agents: under srun two nodes meet with neither --nnodes nor --rdzv-en
   for (const auto* l : {&la, &lb})
     for (const auto& [rank, line] : *l) CHECK(line == std::to_string(rank) + " 4 2 77.0");
   CHECK(ra.err.find("srun: 2 nodes meet at localhost:" + port) != std::string::npos);
+}
+
+TEST_CASE("agents: --rdzv-conf is_host=false leaves the store to the other agent") {
+  const std::string port = free_port();
+  auto args = agent_args(port, "j9", {"/bin/sh", "-c", "echo $RANK"});
+  auto client = args;
+  client.insert(client.begin(), {"--rdzv-conf", "is_host=false"});
+  launcher a(client, {"CCLITE_DEBUG=INFO"});  // first at the endpoint, yet a client
+  std::this_thread::sleep_for(300ms);
+  CHECK_FALSE(port_taken(port));
+  launcher b(args, {"CCLITE_DEBUG=INFO"});
+  auto ra = a.finish(90s), rb = b.finish(90s);
+  INFO("a: " << ra.err << "\nb: " << rb.err);
+  CHECK(ra.status == 0);
+  CHECK(rb.status == 0);
+  CHECK_FALSE(contains(ra.err, "hosting the rendezvous store"));
+  CHECK(contains(rb.err, "hosting the rendezvous store"));
+  CHECK(contains(rb.err, "node 0 of 2"));  // the store's host is node 0
 }
 
 TEST_CASE("agents: an agent of another --rdzv-id is refused by name") {

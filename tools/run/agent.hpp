@@ -85,8 +85,11 @@ class agent {
     // end here, before it joins: the others are not kept waiting for it.
     if (std::string err = my_address(addr_); !err.empty()) return err;
 
-    // The endpoint's machine hosts the store; of several agents there, the first to bind.
-    std::string bind = local_address_of(ep_.host);
+    // The endpoint's machine hosts the store; of several agents there, the
+    // first to bind. --rdzv-conf is_host overrides: true hosts here (on every
+    // address when the endpoint's name is not this machine's), false never.
+    std::string bind = o.rdzv_is_host == 0 ? "" : local_address_of(ep_.host);
+    if (o.rdzv_is_host == 1 && bind.empty()) bind = ep_.host.find(':') != std::string::npos ? "::" : "0.0.0.0";
     // A host name that resolves to loopback here (Debian's "127.0.1.1 node0"
     // in /etc/hosts) still names this machine for the others: listen on
     // every address, or they could not reach us.
@@ -99,6 +102,8 @@ class agent {
       auto s = tcp::store_server::start(bind, static_cast<std::uint16_t>(ep_.port), so);
       if (s)
         server_ = std::move(s.value());
+      else if (o.rdzv_is_host == 1)
+        return "--rdzv-conf is_host=true, but the agents' store cannot start here: " + s.error().message();
       else
         info("the endpoint is this machine but " + s.error().message() + "; joining as a client");
     }

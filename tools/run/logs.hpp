@@ -37,9 +37,10 @@ inline std::string make_dirs(const std::string& path) {
 }
 
 /// Creates this run's log directory under --log-dir (or $TMPDIR) when any
-/// stream goes to a file; sets `o.log_run_dir`. "" or the error.
+/// stream goes to a file (--redirects, --tee, or the ranks --local-ranks-filter
+/// keeps off the console); sets `o.log_run_dir`. "" or the error.
 inline std::string make_run_log_dir(options& o) {
-  if (o.redirects.empty() && o.tee.empty()) return {};
+  if (o.redirects.empty() && o.tee.empty() && o.local_ranks_filter.empty()) return {};
   std::string base = o.log_dir;
   if (base.empty()) {
     const char* tmp = std::getenv("TMPDIR");

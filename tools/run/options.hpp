@@ -37,6 +37,8 @@ struct options {
   double rdzv_last_call_s = 30;   ///< elastic: close a round this long after the last newcomer
   std::string log_dir;            ///< --log-dir; "" = $TMPDIR when output goes to files
   std::string redirects, tee;     ///< --redirects / --tee: "N" or "LOCAL:N,..." (logs.hpp); "": none
+  std::string local_ranks_filter; ///< --local-ranks-filter "0,2": only these reach the console; "": all
+  int rdzv_is_host = -1;          ///< --rdzv-conf is_host: 1 host the agents' store, 0 never, -1 decide
   std::string log_run_dir;        ///< set at start (make_run_log_dir), not a flag
   std::vector<std::string> command;
 };
@@ -110,6 +112,58 @@ inline int std_streams_for(const std::string& spec, int local) {
   return found;
 }
 
+/// --local-ranks-filter "0,1,3" -> {0, 1, 3}; false when malformed.
+inline bool parse_local_ranks(const std::string& spec, std::vector<int>& out) {
+  out.clear();
+  for (std::size_t at = 0; at <= spec.size();) {
+    std::size_t end = spec.find(',', at);
+    if (end == std::string::npos) end = spec.size();
+    int rank = 0;
+    if (!detail::parse_int(spec.substr(at, end - at), 0, 1 << 20, rank)) return false;
+    out.push_back(rank);
+    at = end + 1;
+  }
+  return true;
+}
+
+/// Whether local rank `local`'s output reaches the console under
+/// --local-ranks-filter `spec` (every rank's does when `spec` is "").
+inline bool shown_on_console(const std::string& spec, int local) {
+  std::vector<int> ranks;
+  return spec.empty() ||
+         (parse_local_ranks(spec, ranks) && std::find(ranks.begin(), ranks.end(), local) != ranks.end());
+}
+
+/// Applies torchrun's --rdzv-conf "key=value,...": join_timeout (as
+/// --rdzv-timeout), last_call_timeout (--rdzv-last-call) and is_host (this
+/// agent hosts the agents' store: 1/true, never: 0/false). "" or the error.
+inline std::string apply_rdzv_conf(const std::string& conf, options& o) {
+  for (std::size_t at = 0; at < conf.size();) {
+    std::size_t end = conf.find(',', at);
+    if (end == std::string::npos) end = conf.size();
+    const std::string item = conf.substr(at, end - at);
+    at = end + 1;
+    if (item.empty()) continue;
+    const std::size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    if (eq == std::string::npos) return "--rdzv-conf '" + item + "': write key=value";
+    if (key == "join_timeout" || key == "last_call_timeout") {
+      double& target = key == "join_timeout" ? o.rdzv_timeout_s : o.rdzv_last_call_s;
+      if (!detail::parse_seconds(value, target))
+        return "--rdzv-conf " + key + " needs a number of seconds > 0, got '" + value + "'";
+    } else if (key == "is_host") {
+      if (value == "1" || value == "true" || value == "True") o.rdzv_is_host = 1;
+      else if (value == "0" || value == "false" || value == "False") o.rdzv_is_host = 0;
+      else return "--rdzv-conf is_host needs true or false, got '" + value + "'";
+    } else {
+      return "--rdzv-conf key '" + key +
+             "' is not supported; cclite-run takes join_timeout, last_call_timeout and is_host "
+             "(liveness: --node-timeout)";
+    }
+  }
+  return {};
+}
+
 /// Checks that hold across flags (multi-node needs a node rank and an address).
 /// Returns an empty string when the options are consistent.
 inline std::string validate(const options& o) {
@@ -118,6 +172,8 @@ inline std::string validate(const options& o) {
     if (std_streams_for(*spec, 0) < 0)
       return std::string(spec == &o.redirects ? "--redirects" : "--tee") + " '" + *spec +
              "': give 0 (none), 1 (stdout), 2 (stderr) or 3 (both), for every worker or per local rank as 0:1,1:2";
+  if (std::vector<int> ranks; !o.local_ranks_filter.empty() && !parse_local_ranks(o.local_ranks_filter, ranks))
+    return "--local-ranks-filter '" + o.local_ranks_filter + "': give local ranks as 0 or 0,1,3";
   if (static_cast<long long>(o.nnodes) * o.nproc_per_node > (1LL << 30))
     return "--nnodes x --nproc-per-node is " +
            std::to_string(static_cast<long long>(o.nnodes) * o.nproc_per_node) +
@@ -202,7 +258,8 @@ inline parse_result parse_args(const std::vector<std::string>& args,
     static const char* const valued[] = {
         "--nproc-per-node", "--nnodes",      "--node-rank", "--rdzv-endpoint", "--rdzv-id",
         "--master-addr",    "--master-port", "--timeout",   "--rdzv-backend",  "--max-restarts",
-        "--rdzv-timeout",   "--node-timeout", "--rdzv-last-call", "--log-dir", "--redirects", "--tee"};
+        "--rdzv-timeout",   "--node-timeout", "--rdzv-last-call", "--log-dir", "--redirects", "--tee",
+        "--local-ranks-filter", "--rdzv-conf", "--monitor-interval"};
     bool known = false;
     for (const char* v : valued) known = known || flag == v;
     if (!known) return fail("unknown option '" + arg + "'");
@@ -261,6 +318,15 @@ inline parse_result parse_args(const std::vector<std::string>& args,
       o.redirects = value;
     } else if (flag == "--tee") {
       o.tee = value;
+    } else if (flag == "--monitor-interval") {
+      double unused = 0;  // torchrun's health-check period: cclite-run sees a worker exit at once (SIGCHLD)
+      if (!detail::parse_seconds(value, unused))
+        return fail("--monitor-interval needs a number of seconds > 0, got '" + value + "'");
+    } else if (flag == "--local-ranks-filter") {
+      if (value.empty()) return fail("--local-ranks-filter needs local ranks, e.g. 0 or 0,1");
+      o.local_ranks_filter = value;
+    } else if (flag == "--rdzv-conf") {
+      if (std::string err = apply_rdzv_conf(value, o); !err.empty()) return fail(err);
     } else if (flag == "--rdzv-last-call") {
       if (!detail::parse_seconds(value, o.rdzv_last_call_s))
         return fail("--rdzv-last-call needs a number of seconds > 0, got '" + value + "'");
@@ -327,7 +393,15 @@ options (--name value or --name=value; '_' may replace '-' as in torchrun):
   -r, --redirects N    a worker's streams into its log files instead of here: 0
                        none, 1 stdout, 2 stderr, 3 both; or per local rank: 0:1,1:2
   -t, --tee N          the same streams into the files and here as well
-  --no-python          accepted for torchrun command lines; no effect
+  --local-ranks-filter L
+                       only these local ranks' output here (0 or 0,1); the
+                       others' goes to their log files, as with --redirects 3
+  --rdzv-conf K=V,...  torchrun's: join_timeout (= --rdzv-timeout),
+                       last_call_timeout (= --rdzv-last-call), is_host (this
+                       agent hosts the agents' store: true; never: false)
+  --no-python, --monitor-interval SEC
+                       accepted for torchrun command lines; no effect (worker
+                       exits are seen at once)
   -h, --help           print this help
 
 Each worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,

@@ -102,7 +102,10 @@ class supervisor {
       w.out_lines = line_splitter(prefix);
       w.err_lines = line_splitter(prefix);
       // --redirects: into the worker's log files only; --tee: there and here.
-      const int redirect = std_streams_for(opts_.redirects, local), tee = std_streams_for(opts_.tee, local);
+      // A rank --local-ranks-filter keeps off the console writes to its files.
+      const bool shown = shown_on_console(opts_.local_ranks_filter, local);
+      const int redirect = shown ? std_streams_for(opts_.redirects, local) : 3;
+      const int tee = shown ? std_streams_for(opts_.tee, local) : 0;
       w.out_console = !(redirect & 1) || (tee & 1);
       w.err_console = !(redirect & 2) || (tee & 2);
       spawn_result r;
