@@ -35,6 +35,7 @@
 #include "../tools/run/job.hpp"
 #include "../tools/run/line_splitter.hpp"
 #include "../tools/run/options.hpp"
+#include "../tools/run/placement.hpp"
 #include "../tools/run/slurm.hpp"
 
 namespace {
@@ -340,6 +341,40 @@ TEST_CASE("rendezvous: endpoint, master flags and defaults") {
   CHECK_FALSE(parse_host_port("host:0", 1, hp).empty());
   CHECK_FALSE(parse_host_port(":80", 1, hp).empty());
   CHECK_FALSE(parse_host_port("fe80::1:80", 1, hp).empty());  // needs brackets
+}
+
+TEST_CASE("placement: every node computes the same ranks and MASTER_ADDR from the round's list") {
+  using namespace cclite::run;
+  // Nodes with different --nproc-per-node: ranks follow node order.
+  std::vector<node_info> nodes{parse_node_record("n0 10.0.0.1 2 100 1"), parse_node_record("n1 10.0.0.2 4 200 0"),
+                               parse_node_record("n2 10.0.0.3 1 300 0")};
+  CHECK(to_record(nodes[1]) == "n1 10.0.0.2 4 200 0");
+  const int offsets[] = {0, 2, 6};
+  for (int k = 0; k < 3; ++k) {
+    rendezvous r;
+    place_node(nodes, k, r);
+    CHECK(r.node_rank == k);
+    CHECK(r.group_size == 3);
+    CHECK(r.rank_offset == offsets[k]);
+    CHECK(r.world_size == 7);
+  }
+  std::string master;
+  // Node 0 hosts the endpoint: the name every node reached it by...
+  CHECK(choose_master_addr(nodes, "", "node0", false, master).empty());
+  CHECK(master == "node0");
+  // ...unless an interface is forced (its address), or --master-addr says.
+  CHECK(choose_master_addr(nodes, "", "node0", true, master).empty());
+  CHECK(master == "10.0.0.1");
+  CHECK(choose_master_addr(nodes, "head", "node0", false, master).empty());
+  CHECK(master == "head");
+  // A loopback MASTER_ADDR cannot reach nodes on other hosts: refused now.
+  nodes[0].addr = "127.0.0.1";
+  const std::string err = choose_master_addr(nodes, "", "node0", true, master);
+  CHECK(contains(err, "a loopback address, but the job spans several hosts"));
+  CHECK(contains(err, "CCLITE_SOCKET_IFNAME"));
+  // On one host (agents sharing a machine) loopback is fine.
+  for (auto& n : nodes) n.host = "n0";
+  CHECK(choose_master_addr(nodes, "", "127.0.0.1", false, master).empty());
 }
 
 TEST_CASE("srun: one cclite-run per node takes the node count and the meeting point from the step") {

@@ -56,6 +56,7 @@
 #include "net.hpp"
 #include "node_watch.hpp"
 #include "options.hpp"
+#include "placement.hpp"
 #include "posix.hpp"
 
 namespace cclite::run {
@@ -222,10 +223,8 @@ class agent {
 
       err = ok_or(store_->set(key("hb/" + me()), "0"));
       if (err.empty())
-        err = ok_or(store_->set(key("node/" + me()), host_ + " " + addr_ + " " +
-                                                         std::to_string(o_->nproc_per_node) + " " +
-                                                         std::to_string(::getpid()) + " " +
-                                                         (server_ ? "1" : "0")));
+        err = ok_or(store_->set(key("node/" + me()),
+                                to_record({host_, addr_, o_->nproc_per_node, ::getpid(), server_ ? 1 : 0})));
       std::string closed;
       if (err.empty()) err = server_ ? close_round(until, closed) : wait_key("closed", until, closed);
       if (!err.empty()) break;
@@ -245,34 +244,14 @@ class agent {
     for (int k = 0; err.empty() && k < group_; ++k) {
       std::string v;
       err = wait_key("node/" + std::to_string(k), until, v);
-      if (err.empty()) {
-        node_info n;
-        std::istringstream in(v);
-        in >> n.host >> n.addr >> n.nproc >> n.pid >> n.hosting;
-        nodes_.push_back(n);
-      }
+      if (err.empty()) nodes_.push_back(parse_node_record(v));
     }
-    // MASTER_ADDR, the same on every node: node 0's address. When node 0
-    // owns the endpoint and no interface is forced, the endpoint's own host
-    // (every node just reached it by that name) rather than an address node 0
-    // guessed for itself, which may be a loopback alias of its name.
-    const char* spec = std::getenv("CCLITE_SOCKET_IFNAME");
-    if (!spec || !*spec) spec = std::getenv("NCCL_SOCKET_IFNAME");
     std::string master;
-    if (err.empty())
-      master = !o_->master_addr.empty()                    ? o_->master_addr
-               : nodes_[0].hosting && !(spec && *spec)     ? ep_.host
-                                                           : nodes_[0].addr;
-    // A loopback MASTER_ADDR (CCLITE_SOCKET_IFNAME=lo, an endpoint of
-    // 127.0.0.1) cannot join nodes on different hosts: say so now, not after
-    // the workers time out connecting to themselves.
-    bool other_host = false;
-    for (const node_info& n : nodes_) other_host = other_host || n.host != nodes_[0].host;
-    if (err.empty() && other_host && is_loopback(master))
-      err = "node 0 (host " + nodes_[0].host + ") would be reached at " + master +
-            ", a loopback address, but the job spans several hosts; set CCLITE_SOCKET_IFNAME to "
-            "an interface the nodes share, and give --rdzv-endpoint as an address or name the "
-            "other nodes can reach";
+    if (err.empty()) {
+      const char* spec = std::getenv("CCLITE_SOCKET_IFNAME");
+      if (!spec || !*spec) spec = std::getenv("NCCL_SOCKET_IFNAME");
+      err = choose_master_addr(nodes_, o_->master_addr, ep_.host, spec && *spec, master);
+    }
     // Node 0 picks MASTER_PORT; rank 0's worker will bind it.
     int port = o_->master_port;
     if (err.empty() && port <= 0) {
@@ -293,14 +272,7 @@ class agent {
       return err;
     }
 
-    r.node_rank = node_;
-    r.group_size = group_;
-    r.rank_offset = 0;
-    r.world_size = 0;
-    for (int k = 0; k < group_; ++k) {
-      if (k < node_) r.rank_offset += nodes_[k].nproc;
-      r.world_size += nodes_[k].nproc;
-    }
+    place_node(nodes_, node_, r);
     r.master_addr = master;
     r.master_port = port;
     r.endpoint = format_host_port(r.master_addr, port);

@@ -33,6 +33,7 @@
 
 #include <cclite/tcp/store_client.hpp>
 
+#include "placement.hpp"
 #include "posix.hpp"
 
 namespace cclite::run {
@@ -47,14 +48,6 @@ struct job_event {
   /// Not a failure: a node waits to join, so every node stops its workers
   /// and the agents meet in a larger round. Not counted as a restart.
   bool rescale = false;
-};
-
-struct node_info {
-  std::string host;  ///< host name (for messages)
-  std::string addr;  ///< address the other nodes reach it at
-  int nproc = 0;
-  long pid = 0;
-  int hosting = 0;  ///< 1: its agent hosts the agents' store (it owns the endpoint)
 };
 
 
