@@ -5,9 +5,12 @@
 //
 // See tools/README.md and `cclite-run --help`. The pieces live in tools/run/:
 // options.hpp (command line), job.hpp (rendezvous address, worker environment),
-// agent.hpp (the nodes' agents meet, number the nodes and watch each other),
-// worker.hpp (fork/exec), line_splitter.hpp (output prefixing), signals.hpp
-// (self-pipe) and supervisor.hpp (the poll loop that runs the job).
+// agent.hpp (the nodes' agents meet, round after round), placement.hpp (what a
+// round decides: ranks, MASTER_ADDR), node_watch.hpp (heartbeats, failures,
+// newcomers), logs.hpp (--log-dir), devices.hpp (--nproc-per-node gpu|cpu),
+// slurm.hpp (under srun), worker.hpp (fork/exec), line_splitter.hpp (output
+// prefixing), signals.hpp (self-pipe) and supervisor.hpp (the poll loop that
+// runs the job).
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
