@@ -76,6 +76,8 @@ struct args {
   // node instead of once per rank. Off by default: on this 2-core machine it
   // is slower (docs/trainer.md, Performance).
   bool shard = false;
+  // Gradients sent as fp16 / bf16 (DDP's compress hooks): for links between nodes.
+  train::grad_compression compress = train::grad_compression::none;
   int accumulate = 1;
   std::string progress = "auto";
   int timeline = 0;
@@ -111,6 +113,8 @@ void usage() {
       "                        --shared-grads 1 and one node, else it is the usual step)\n"
       "  --shared-grads 0|1    gradients in a window every local rank maps (default 1; used when all\n"
       "                        ranks share one node): reduced in place, without staging copies\n"
+      "  --compress none|fp16|bf16  send gradients as 16-bit floats: half the bytes between nodes\n"
+      "                        (default none; not worth it inside a node)\n"
       "  --accumulate K        micro-batches per step, communicating only the last (default 1)\n"
       "  --progress auto|bar|lines|none  (auto: bar on a terminal, lines otherwise)\n"
       "  --timeline N          print the bucket timeline of the first N steps of each epoch (not with\n"
@@ -150,6 +154,13 @@ bool parse(int argc, char** argv, args& a) {
     else if (k == "--shared-grads") a.shared_grads = std::atoi(val()) != 0;
     else if (k == "--shard-optimizer") a.shard = std::atoi(val()) != 0;
     else if (k == "--accumulate") a.accumulate = std::atoi(val());
+    else if (k == "--compress") {
+      const char* v = val();
+      if (!train::parse_grad_compression(v, a.compress)) {
+        std::fprintf(stderr, "--compress takes none, fp16 or bf16, not '%s'\n", v);
+        return false;
+      }
+    }
     else if (k == "--progress") a.progress = val();
     else if (k == "--timeline") a.timeline = std::atoi(val());
     else if (k == "--max-steps") a.max_steps = std::atol(val());
@@ -298,6 +309,7 @@ int main(int argc, char** argv) {
   }
   dpo.first_bucket_cap_bytes = static_cast<std::size_t>(first_kb) << 10;
   dpo.shared_gradients = a.shared_grads;
+  dpo.compression = a.compress;
   if (world > 1 && a.split_kb > 0) {
     // As many row blocks of fc1's weight gradient as data_parallel cuts it
     // into pieces (one process alone has nothing to overlap: no blocks).
@@ -327,7 +339,9 @@ int main(int argc, char** argv) {
     if (opt.fused())
       std::printf("gradients: %zu values in a shared window; the optimiser step is sharded over %d ranks and fused "
                   "with their reduction (--shard-optimizer 0: buckets as below)\n", ddp.flat_size(), world);
-    std::printf("gradient buckets: %s\n", ddp.buckets().describe(sizeof(float)).c_str());
+    std::printf("gradient buckets: %s%s%s\n", ddp.buckets().describe(sizeof(float)).c_str(),
+                a.compress == train::grad_compression::none ? "" : ", sent as ",
+                a.compress == train::grad_compression::none ? "" : train::to_string(a.compress));
     std::fflush(stdout);
   }
 

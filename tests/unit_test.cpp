@@ -110,6 +110,122 @@ TEST_CASE("reduction kernels: float16 and bfloat16 reduce in float") {
   CHECK(to_float(a[4]) == 0.5f);
 }
 
+// reduce_x86.hpp's kernels (picked by reduction_for on CPUs with AVX2 and
+// F16C) must give the portable kernels' bits for every element: whatever the
+// length (8-element blocks and the tail), alignment and op, and for the
+// values where roundings differ (ties, subnormals, overflow to infinity,
+// infinities, signed zeros, NaN: any NaN, its payload aside).
+TEST_CASE("reduction kernels: the x86 float16/bfloat16 kernels give the portable kernels' bits") {
+#if CCLITE_HAS_X86_KERNELS
+  if (!detail::x86::cpu_has_avx2_f16c()) {
+    MESSAGE("this CPU lacks AVX2 or F16C: reduction_for keeps the portable kernels; nothing to compare");
+    return;
+  }
+  // Bit patterns: every 16-bit pattern appears as an operand somewhere.
+  auto check = [](auto tag, dtype t) {
+    using T = decltype(tag);
+    const bool is_half = std::is_same_v<T, half>;
+    const std::size_t n = 65536 + 37;
+    std::vector<T> a(n + 1), b(n + 1);
+    std::uint64_t x = 88172645463325252ull;
+    for (std::size_t i = 0; i < n + 1; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      a[i].bits = static_cast<std::uint16_t>(i);                // every pattern
+      b[i].bits = static_cast<std::uint16_t>(i % 3 == 0 ? i ^ 0x0001u : x);  // ties: neighbours, and noise
+    }
+    // Signed zeros, infinities and NaN against each other, at fixed places.
+    const std::uint16_t special[] = {0x0000, 0x8000, is_half ? std::uint16_t{0x7c00} : std::uint16_t{0x7f80},
+                                     is_half ? std::uint16_t{0xfc00} : std::uint16_t{0xff80},
+                                     is_half ? std::uint16_t{0x7e00} : std::uint16_t{0x7fc0}, 0x3c00};
+    std::size_t at = 1000;
+    for (std::uint16_t p : special)
+      for (std::uint16_t q : special) a[at].bits = p, b[at].bits = q, ++at;
+    auto is_nan = [&](T v) {
+      return is_half ? (v.bits & 0x7fffu) > 0x7c00u : (v.bits & 0x7fffu) > 0x7f80u;
+    };
+    auto same = [&](const std::vector<T>& p, const std::vector<T>& q, std::size_t off, std::size_t len) {
+      for (std::size_t i = off; i < off + len; ++i)
+        if (p[i].bits != q[i].bits && !(is_nan(p[i]) && is_nan(q[i]))) return false;
+      return true;
+    };
+    for (int o = 0; o < reduce_op_count; ++o) {
+      const auto op = static_cast<reduce_op>(o);
+      const reduction fast = reduction_for(t, op);
+      const bool picked = fast.inplace == (op == reduce_op::prod  ? &detail::x86::reduce_inplace<T, reduce_op::prod>
+                                           : op == reduce_op::min ? &detail::x86::reduce_inplace<T, reduce_op::min>
+                                           : op == reduce_op::max ? &detail::x86::reduce_inplace<T, reduce_op::max>
+                                                                  : &detail::x86::reduce_inplace<T, reduce_op::sum>);
+      CHECK(picked);  // reduction_for handed out the x86 kernel
+      // The portable kernels themselves, by their template names.
+      auto ref_inplace = [&](T* io, const T* in, std::size_t len) {
+        switch (op) {
+          case reduce_op::prod: detail::reduce_inplace<T, reduce_op::prod>(io, in, len); break;
+          case reduce_op::min: detail::reduce_inplace<T, reduce_op::min>(io, in, len); break;
+          case reduce_op::max: detail::reduce_inplace<T, reduce_op::max>(io, in, len); break;
+          default: detail::reduce_inplace<T, reduce_op::sum>(io, in, len); break;
+        }
+      };
+      for (std::size_t off : {std::size_t{0}, std::size_t{1}}) {  // 2-byte misalignment of the 16-byte blocks
+        for (std::size_t len : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{9},
+                                std::size_t{23}, n - 1}) {
+          std::vector<T> want = a, got = a, out1(n + 1), out2(n + 1), cp(n + 1);
+          ref_inplace(want.data() + off, b.data() + off, len);
+          fast.inplace(got.data() + off, b.data() + off, len);
+          INFO("dtype ", to_string(t), " op ", to_string(op), " offset ", off, " length ", len);
+          CHECK(same(want, got, off, len));
+          fast.copy(cp.data() + off, a.data() + off, b.data() + off, len);
+          CHECK(same(want, cp, off, len));
+          fast.copy2(out1.data() + off, out2.data() + off, a.data() + off, b.data() + off, len);
+          CHECK(same(want, out1, off, len));
+          CHECK(same(want, out2, off, len));
+          if (op == reduce_op::avg) {
+            for (int d : {2, 3, 7}) {
+              std::vector<T> dw = want, dg = want;
+              detail::divide<T>(dw.data() + off, len, d);
+              fast.divide(dg.data() + off, len, d);
+              CHECK(same(dw, dg, off, len));
+            }
+          }
+        }
+      }
+    }
+  };
+  check(half{}, dtype::float16);
+  check(bfloat16{}, dtype::bfloat16);
+
+  // narrow / widen (gradient packing): float -> T of x / d, and back.
+  auto convert = [](auto tag) {
+    using T = decltype(tag);
+    const std::size_t n = 100003;
+    std::vector<float> in(n), back(n), want_back(n);
+    std::uint32_t x = 2463534242u;
+    for (std::size_t i = 0; i < n; ++i) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      std::uint32_t u = i < 64 ? (i << 26) : x;  // all exponents' extremes first, then any bits
+      std::memcpy(&in[i], &u, 4);
+    }
+    for (float d : {1.0f, 2.0f, 3.0f}) {
+      std::vector<T> got(n), want(n);
+      detail::x86::narrow(in.data() + 1, got.data() + 1, n - 1, d);
+      for (std::size_t i = 1; i < n; ++i) want[i] = detail::compute<T>::store(in[i] / d);
+      std::size_t bad = 0;
+      for (std::size_t i = 1; i < n; ++i) {
+        const bool nan = std::isnan(detail::compute<T>::load(want[i])) && std::isnan(detail::compute<T>::load(got[i]));
+        bad += want[i].bits != got[i].bits && !nan;
+      }
+      CHECK(bad == 0);
+      detail::x86::widen(got.data() + 1, back.data() + 1, n - 1);
+      for (std::size_t i = 1; i < n; ++i) want_back[i] = detail::compute<T>::load(got[i]);
+      CHECK(std::memcmp(back.data() + 1, want_back.data() + 1, (n - 1) * sizeof(float)) == 0);
+    }
+  };
+  convert(half{});
+  convert(bfloat16{});
+#else
+  MESSAGE("not an x86-64 GCC/Clang build: only the portable kernels exist");
+#endif
+}
+
 TEST_CASE("signed integer sums wrap instead of overflowing") {
   std::int8_t a = 127, b = 1;
   reduction_for(dtype::int8, reduce_op::sum).inplace(&a, &b, 1);

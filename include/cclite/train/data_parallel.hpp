@@ -56,6 +56,12 @@
 // collectives say when results are visible (the adapter: in stream order).
 // Other communicators compile none of this.
 //
+// Compression (dp_options::compression, train/grad_compression.hpp): each
+// bucket is packed into 16-bit floats (divided by the rank count) as it is
+// issued, allreduced with sum in that type, and unpacked into the fp32
+// gradients by synchronize(): half the bytes on the wire, for links between
+// nodes. Host gradients only.
+//
 // Errors: create() returns the first failed collective, or errc::mismatch
 // when ranks registered different parameters. synchronize() returns the first
 // failed allreduce or errc::timeout; after an error the wrapper stays broken
@@ -79,6 +85,7 @@
 #include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/train/bucket_plan.hpp>
+#include <cclite/train/grad_compression.hpp>
 #include <cclite/train/grad_storage.hpp>
 #include <cclite/train/parameter.hpp>
 
@@ -108,6 +115,11 @@ struct dp_options {
   /// communicator offers it and all ranks share one node, else ordinary
   /// memory (the results are the same either way).
   bool shared_gradients = true;
+  /// Send the gradients as fp16 or bf16 (grad_compression.hpp): half the
+  /// bytes, for links between nodes; a small, bounded loss of precision.
+  /// With compression the gradients stay in ordinary memory (the window
+  /// would not be what is reduced). errc::unsupported for device gradients.
+  grad_compression compression = grad_compression::none;
 };
 
 template <class Comm>
@@ -125,6 +137,9 @@ class data_parallel {
     }
     for (parameter* p : params)
       if (!p) return make_error(errc::invalid_argument, "data_parallel: null parameter");
+    if (on_device && opts.compression != grad_compression::none)
+      return make_error(errc::unsupported, "data_parallel: gradient compression (%s) works on host gradients only",
+                        to_string(opts.compression));
     data_parallel dp(comm, std::move(params), opts);
     CCLITE_TRY(dp.check_shapes());
     // In device memory the values are broadcast where they live, once allocated.
@@ -144,6 +159,8 @@ class data_parallel {
       index_ = std::move(o.index_);
       plan_ = std::move(o.plan_);
       store_ = std::move(o.store_);
+      wire_fp16_ = std::move(o.wire_fp16_);
+      wire_bf16_ = std::move(o.wire_bf16_);
       opts_ = o.opts_;
       slots_ = std::move(o.slots_);
       remaining_ = std::move(o.remaining_);
@@ -304,13 +321,14 @@ class data_parallel {
       if (!st.ok() && first.ok())
         first = status(st.code(), "data_parallel: allreduce of bucket " + std::to_string(b) + ": " + st.message());
     };
-    {
-      const auto& bk = plan_.buckets[last];
-      timeline_[last].launched_us = micros(clock::now() - step_start_);
-      note(last, comm_->allreduce(store_.grad() + bk.offset, bk.count, reduce_op::avg));
-    }
+    timeline_[last].launched_us = micros(clock::now() - step_start_);
+    note(last, reduce_inline(last));
     // Issue order is completion order (one queue), so these are done or nearly.
-    for (std::size_t b = 0; b < last; ++b) note(b, slots_[b].w.wait(opts_.timeout));
+    for (std::size_t b = 0; b < last; ++b) {
+      status st = slots_[b].w.wait(opts_.timeout);
+      if (st.ok()) unpack(b);
+      note(b, st);
+    }
     reset_step();
     if (!first.ok()) broken_ = first;
     return first;
@@ -362,6 +380,7 @@ class data_parallel {
     mix(opts_.bucket_cap_bytes);
     mix(opts_.first_bucket_cap_bytes);
     mix(opts_.split_bytes);
+    mix(static_cast<std::uint64_t>(opts_.compression));
     if (size() == 1) return {};
     std::uint64_t lo = h, hi = h;
     CCLITE_TRY(comm_->allreduce(&lo, 1, reduce_op::min));
@@ -369,10 +388,10 @@ class data_parallel {
     if (lo != hi) {
       return make_error(errc::mismatch,
                         "data_parallel: rank %d registered %zu parameters (%zu values) with bucket caps "
-                        "%zu/%zu bytes, and some other rank registered different ones; every rank must "
-                        "build the same model with the same options",
+                        "%zu/%zu bytes and compression %s, and some other rank registered different ones; "
+                        "every rank must build the same model with the same options",
                         rank(), params_.size(), total_values(), opts_.first_bucket_cap_bytes,
-                        opts_.bucket_cap_bytes);
+                        opts_.bucket_cap_bytes, to_string(opts_.compression));
     }
     return {};
   }
@@ -421,7 +440,10 @@ class data_parallel {
     }
     plan_ = bucket_plan::make(sizes, sizeof(float), opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes, groups,
                               opts_.split_bytes);
-    CCLITE_TRY(store_.allocate(*comm_, params_, plan_, opts_.shared_gradients));
+    const bool compressed = opts_.compression != grad_compression::none;
+    CCLITE_TRY(store_.allocate(*comm_, params_, plan_, opts_.shared_gradients && !compressed));
+    if (opts_.compression == grad_compression::fp16) wire_fp16_.assign(store_.size(), half{});
+    if (opts_.compression == grad_compression::bf16) wire_bf16_.assign(store_.size(), bfloat16{});
     for (std::size_t i = 0; i < params_.size(); ++i) {
       index_[params_[i]] = i;
       if constexpr (!on_device) params_[i]->bind_grad(store_.grad() + plan_.param_offset[i]);
@@ -457,7 +479,48 @@ class data_parallel {
     const auto& bk = plan_.buckets[b];
     slots_[b].launched = clock::now();
     slots_[b].seen_done = clock::time_point{};
+    if constexpr (!on_device) {
+      if (opts_.compression != grad_compression::none) {
+        slots_[b].w = with_wire([&](auto* wire) {
+          pack_gradients(store_.grad() + bk.offset, wire + bk.offset, bk.count, size());
+          return comm_->allreduce_async(wire + bk.offset, bk.count, reduce_op::sum);
+        });
+        return;
+      }
+    }
     slots_[b].w = comm_->allreduce_async(store_.grad() + bk.offset, bk.count, reduce_op::avg);
+  }
+
+  // Bucket b reduced on the calling thread (synchronize()'s last one).
+  status reduce_inline(std::size_t b) {
+    const auto& bk = plan_.buckets[b];
+    if constexpr (!on_device) {
+      if (opts_.compression != grad_compression::none) {
+        status st = with_wire([&](auto* wire) {
+          pack_gradients(store_.grad() + bk.offset, wire + bk.offset, bk.count, size());
+          return comm_->allreduce(wire + bk.offset, bk.count, reduce_op::sum);
+        });
+        if (st.ok()) unpack(b);
+        return st;
+      }
+    }
+    return comm_->allreduce(store_.grad() + bk.offset, bk.count, reduce_op::avg);
+  }
+
+  // A compressed bucket's reduced values back into its fp32 gradients.
+  void unpack(std::size_t b) {
+    if constexpr (!on_device) {
+      if (opts_.compression == grad_compression::none) return;
+      const auto& bk = plan_.buckets[b];
+      with_wire([&](auto* wire) { unpack_gradients(wire + bk.offset, store_.grad() + bk.offset, bk.count); });
+    }
+  }
+
+  // Calls f with the 16-bit buffer of the chosen compression.
+  template <class F>
+  decltype(auto) with_wire(F&& f) {
+    if (opts_.compression == grad_compression::fp16) return f(wire_fp16_.data());
+    return f(wire_bf16_.data());
   }
 
   // Outstanding allreduces write into the gradients: they must finish before they go.
@@ -471,6 +534,10 @@ class data_parallel {
   std::unordered_map<const parameter*, std::size_t> index_;
   bucket_plan plan_;
   grad_storage<Comm> store_;  // all gradients, bucket order
+  // dp_options::compression: the gradients in 16 bits, laid out as store_
+  // (one of the two is allocated).
+  std::vector<half> wire_fp16_;
+  std::vector<bfloat16> wire_bf16_;
   dp_options opts_;
   std::vector<slot> slots_;
   std::vector<std::size_t> remaining_;  // per bucket: gradient elements not yet final this step

@@ -4,6 +4,7 @@
 //
 //   data_parallel.hpp  parameter broadcast, gradient buckets allreduced while
 //                      backward runs, no_sync accumulation
+//   grad_compression.hpp  gradients sent as fp16 / bf16 (DDP's compress hooks)
 //   sharded_optimizer.hpp  the optimiser step sharded over a node's ranks and
 //                      fused with the gradient reduction (ZeRO-1 on shared memory)
 //   sampler.hpp        each rank's shard of a seeded, shuffled epoch
@@ -19,6 +20,7 @@
 #include <cclite/train/bucket_plan.hpp>
 #include <cclite/train/checkpoint.hpp>
 #include <cclite/train/data_parallel.hpp>
+#include <cclite/train/grad_compression.hpp>
 #include <cclite/train/gemm.hpp>
 #include <cclite/train/layers.hpp>
 #include <cclite/train/mlp.hpp>
