@@ -132,11 +132,21 @@ node_ns() {
   echo "${NODES_PREFIX}n$1"
 }
 
-# Rate-limits every node's eth0 egress with a token bucket (tbf is in every kernel; netem is not).
+# rate_bytes RATE: bytes per second of a tc rate ("10gbit", "1gbit", "500mbit").
+rate_bytes() {
+  echo "$1" | awk '{ r = $1; u = r; sub(/[0-9.]+/, "", u); v = r + 0;
+    m = (u ~ /^g/) ? 1e9 : (u ~ /^m/) ? 1e6 : (u ~ /^k/) ? 1e3 : 1; printf "%.0f", v * m / 8 }'
+}
+
+# Rate-limits every node's eth0 egress with a token bucket (tbf is in every
+# kernel; netem is not). The burst is 10 ms at RATE, at least 4 MiB: tbf needs
+# at least RATE/HZ (5 MB at 10 Gbit/s and HZ=250), or the qdisc itself caps the
+# rate. Sets NODES_BURST (bytes).
 nodes_rate() {
+  NODES_BURST=$(rate_bytes "$1" | awk '{ b = $1 / 100; if (b < 4194304) b = 4194304; printf "%d", b }')
   i=0
   while [ "$i" -lt "$NODES_K" ]; do
-    ip netns exec "$(node_ns "$i")" tc qdisc add dev eth0 root tbf rate "$1" burst 4mb latency 50ms ||
+    ip netns exec "$(node_ns "$i")" tc qdisc replace dev eth0 root tbf rate "$1" burst "$NODES_BURST" latency 50ms ||
       nodes_fail "tc tbf on node $i failed"
     i=$((i + 1))
   done

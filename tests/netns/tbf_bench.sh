@@ -38,21 +38,7 @@ else
 fi
 
 # GB/s of RATE ("10gbit", "1gbit", "500mbit").
-bound=$(echo "$RATE" | awk '{ r = $1; u = r; sub(/[0-9.]+/, "", u); v = r + 0;
-  m = (u ~ /^g/) ? 1e9 : (u ~ /^m/) ? 1e6 : (u ~ /^k/) ? 1e3 : 1;
-  printf "%.3f", v * m / 8 / 1e9 }')
-# tbf burst in bytes: 10 ms at RATE, at least 4 MiB.
-burst=$(echo "$bound" | awk '{ b = $1 * 1e9 / 100; if (b < 4194304) b = 4194304; printf "%d", b }')
-
-# Every node's eth0 egress through tbf (nodes_rate's, with the burst above).
-tbf_rate() {
-  i=0
-  while [ "$i" -lt 2 ]; do
-    ip netns exec "$(node_ns "$i")" tc qdisc replace dev eth0 root tbf rate "$RATE" burst "$burst" latency 50ms ||
-      { echo "tc tbf on node $i failed"; exit 1; }
-    i=$((i + 1))
-  done
-}
+bound=$(rate_bytes "$RATE" | awk '{ printf "%.3f", $1 / 1e9 }')
 
 # Practical bound: machine_limits tcp_bidir between the nodes (listener on
 # node 0, the other process in node 1's namespace); prints "GB/s [min..max]".
@@ -91,9 +77,9 @@ echo "# load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs, $(date -u 
 unlimited=$(run_once unlimited "$@")
 echo "unlimited link:  $unlimited"
 echo "unlimited link, 2-process TCP stream each way (tcp_bidir, GB/s per direction): $(stream_bound)"
-tbf_rate
+nodes_rate "$RATE"
 limited=$(run_once tbf "$@")
-echo "tbf $RATE link (burst $burst B): $limited"
+echo "tbf $RATE link (burst $NODES_BURST B): $limited"
 practical=$(stream_bound)
 echo "tbf $RATE link, 2-process TCP stream each way (tcp_bidir, GB/s per direction): $practical"
 busbw=$(echo "$limited" | awk '{ print $7 }')

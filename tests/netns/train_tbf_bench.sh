@@ -34,11 +34,7 @@ else
   set --
 fi
 
-# Bytes per second of RATE ("10gbit", "1gbit", "500mbit"), and the tbf burst
-# (10 ms at RATE, at least 4 MiB: tbf_bench.sh says why).
-rate_bps=$(echo "$RATE" | awk '{ r = $1; u = r; sub(/[0-9.]+/, "", u); v = r + 0;
-  m = (u ~ /^g/) ? 1e9 : (u ~ /^m/) ? 1e6 : (u ~ /^k/) ? 1e3 : 1; printf "%.0f", v * m / 8 }')
-burst=$(echo "$rate_bps" | awk '{ b = $1 / 100; if (b < 4194304) b = 4194304; printf "%d", b }')
+rate_bps=$(rate_bytes "$RATE")
 
 run_once() {  # $1: mode; the rest: the command prefix. Prints epoch 2's seconds.
   mode=$1
@@ -62,12 +58,7 @@ run_once() {  # $1: mode; the rest: the command prefix. Prints epoch 2's seconds
 }
 
 nodes_up 2
-i=0
-while [ "$i" -lt 2 ]; do
-  ip netns exec "$(node_ns "$i")" tc qdisc replace dev eth0 root tbf rate "$RATE" burst "$burst" latency 50ms ||
-    { echo "tc tbf on node $i failed"; exit 1; }
-  i=$((i + 1))
-done
+nodes_rate "$RATE"
 echo "# train_fashion_mnist, 2 nodes x 1 rank over a tbf $RATE link (veth + bridge), $STEPS steps of batch 64"
 echo "# load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs, $(date -u +%Y-%m-%dT%H:%MZ)$( [ "$PRIO" = 1 ] && echo ', autogroup nice -20')"
 r=0
