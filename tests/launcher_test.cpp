@@ -1097,6 +1097,27 @@ TEST_CASE("elastic: a node that arrives while the job runs is taken in (scale-up
   CHECK_FALSE(contains(ra.err + rb.err, "restart 1"));
 }
 
+TEST_CASE("elastic: an agent for a job that already has --nnodes MAX nodes is refused; the job goes on") {
+  const std::string port = free_port();
+  std::vector<std::string> args{"--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-id", "j10",
+                                "--rdzv-endpoint", "127.0.0.1:" + port, "--rdzv-timeout", "60",
+                                "--node-timeout", "3", "--rdzv-last-call", "1", "/bin/sh", "-c",
+                                "echo world $WORLD_SIZE; sleep 3"};
+  launcher a(args);
+  for (int i = 0; i < 600 && !port_taken(port); ++i) std::this_thread::sleep_for(50ms);  // a hosts
+  launcher b(args);
+  REQUIRE(a.wait_for_stdout("world 2", 1, 60s));  // the round closed with both: MAX
+  auto extra = run(args);
+  INFO("extra: " << extra.err);
+  CHECK(extra.status == 1);
+  CHECK(contains(extra.err, "already has its 2 nodes"));
+  auto ra = a.finish(60s), rb = b.finish(60s);
+  INFO("a: " << ra.err << "\nb: " << rb.err);
+  CHECK(ra.status == 0);
+  CHECK(rb.status == 0);
+  CHECK_FALSE(contains(ra.err + rb.err, "waiting to join"));
+}
+
 TEST_CASE("restarts: a signal cancels the job on every node instead of restarting it") {
   const std::string port = free_port();
   auto args = agent_args(port, "j7", {"--max-restarts", "3", "/bin/sh", "-c", "echo up; sleep 60"});

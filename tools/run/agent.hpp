@@ -266,8 +266,14 @@ class agent {
       }
     }
     if (!err.empty()) {
-      publish_failure(err + " (node " + me() + ", host " + host_ + ")", 1, false);
-      (void)store_->set(key("left/" + me()), "1");
+      // A member of the round (or of one not closed yet) tells the others, so
+      // they stop waiting for it. An agent that holds no node rank (one too
+      // many, a --node-rank taken, a newcomer waiting for the next round)
+      // must not: the job runs on without it.
+      if (node_ >= 0 && (group_ == 0 || node_ < group_)) {
+        publish_failure(err + " (node " + me() + ", host " + host_ + ")", 1, false);
+        (void)store_->set(key("left/" + me()), "1");
+      }
       linger(std::chrono::seconds(10));
       return err;
     }
