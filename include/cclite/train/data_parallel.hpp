@@ -442,8 +442,8 @@ class data_parallel {
                               opts_.split_bytes);
     const bool compressed = opts_.compression != grad_compression::none;
     CCLITE_TRY(store_.allocate(*comm_, params_, plan_, opts_.shared_gradients && !compressed));
-    if (opts_.compression == grad_compression::fp16) wire_fp16_.assign(store_.size(), half{});
-    if (opts_.compression == grad_compression::bf16) wire_bf16_.assign(store_.size(), bfloat16{});
+    if (size() > 1 && opts_.compression == grad_compression::fp16) wire_fp16_.assign(store_.size(), half{});
+    if (size() > 1 && opts_.compression == grad_compression::bf16) wire_bf16_.assign(store_.size(), bfloat16{});
     for (std::size_t i = 0; i < params_.size(); ++i) {
       index_[params_[i]] = i;
       if constexpr (!on_device) params_[i]->bind_grad(store_.grad() + plan_.param_offset[i]);
