@@ -26,6 +26,7 @@
 #include <cclite/topology/topology.hpp>
 #include <cclite/collective/communicator.hpp>
 #include <cclite/collective/init.hpp>
+#include <cclite/collective/objects.hpp>
 
 #if defined(CCLITE_HAS_SHM)
 #include <cclite/shm/transport.hpp>

@@ -1,0 +1,112 @@
+// cclite/collective/objects.hpp - collectives over data whose size only its
+// owner knows: a string or a vector that one rank broadcasts, or that every
+// rank contributes with a length of its own (torch.distributed's
+// broadcast_object_list / all_gather_object, Horovod's broadcast_object, for
+// C++ values that are bytes: std::string and std::vector of trivially copyable
+// elements).
+//
+//   std::string run_dir = comm.rank() == 0 ? make_run_dir() : "";
+//   check(cclite::broadcast_string(comm, run_dir, 0));      // everyone has rank 0's
+//   auto hosts = cclite::allgather_strings(comm, my_host).value();  // hosts[r]: rank r's
+//
+// Each is two collectives on `comm`: the sizes (a broadcast of one uint64, or
+// an allgather of one per rank), then the bytes (a broadcast, or an
+// allgatherv), skipped when there are none. Like every collective they are
+// called by every rank of `comm` in the same order; a rank that passes another
+// root gets errc::mismatch, as with comm.broadcast. Comm: cclite's
+// communicator<...> (broadcast, allgather and allgatherv with a dtype).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <cclite/core/dtype.hpp>
+#include <cclite/core/status.hpp>
+
+namespace cclite {
+
+namespace detail {
+/// Bytes of `n` elements of `elem` bytes, unless that overflows (a size
+/// another rank sent that no vector here could hold).
+inline status checked_bytes(std::uint64_t n, std::size_t elem, const char* what, std::size_t& bytes) {
+  if (n > SIZE_MAX / 2 / elem)
+    return make_error(errc::invalid_argument, "%s: %llu elements of %zu bytes cannot be held here", what,
+                      static_cast<unsigned long long>(n), elem);
+  bytes = static_cast<std::size_t>(n) * elem;
+  return {};
+}
+}  // namespace detail
+
+/// Makes every rank's `data` a copy of root's `data` (T trivially copyable;
+/// the others' vectors are resized).
+template <class Comm, class T>
+status broadcast_vector(Comm& comm, std::vector<T>& data, int root) {
+  static_assert(std::is_trivially_copyable_v<T>, "broadcast_vector: T must be trivially copyable");
+  std::uint64_t n = data.size();
+  CCLITE_TRY(comm.broadcast(&n, 1, dtype::uint64, root));
+  std::size_t bytes = 0;
+  CCLITE_TRY(detail::checked_bytes(n, sizeof(T), "broadcast_vector", bytes));
+  if (comm.rank() != root) data.resize(static_cast<std::size_t>(n));
+  if (bytes == 0) return {};
+  return comm.broadcast(static_cast<void*>(data.data()), bytes, dtype::uint8, root);
+}
+
+/// Makes every rank's `data` a copy of root's `data`.
+template <class Comm>
+status broadcast_string(Comm& comm, std::string& data, int root) {
+  std::uint64_t n = data.size();
+  CCLITE_TRY(comm.broadcast(&n, 1, dtype::uint64, root));
+  std::size_t bytes = 0;
+  CCLITE_TRY(detail::checked_bytes(n, 1, "broadcast_string", bytes));
+  if (comm.rank() != root) data.resize(bytes);
+  if (bytes == 0) return {};
+  return comm.broadcast(static_cast<void*>(&data[0]), bytes, dtype::uint8, root);
+}
+
+/// Every rank's `mine`, in rank order, on every rank (lengths may differ,
+/// including 0; T trivially copyable).
+template <class Comm, class T>
+result<std::vector<std::vector<T>>> allgather_vectors(Comm& comm, const std::vector<T>& mine) {
+  static_assert(std::is_trivially_copyable_v<T>, "allgather_vectors: T must be trivially copyable");
+  const std::size_t ranks = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> lengths(ranks);
+  const std::uint64_t my_length = mine.size();
+  CCLITE_TRY(comm.allgather(&my_length, lengths.data(), 1, dtype::uint64));
+  std::vector<std::size_t> counts(ranks), displs(ranks);
+  std::size_t total = 0;
+  for (std::size_t r = 0; r < ranks; ++r) {
+    CCLITE_TRY(detail::checked_bytes(lengths[r], sizeof(T), "allgather_vectors", counts[r]));
+    if (counts[r] > SIZE_MAX / 2 - total)
+      return make_error(errc::invalid_argument, "allgather_vectors: the ranks' vectors add up to more than fits here");
+    displs[r] = total;
+    total += counts[r];
+  }
+  std::vector<unsigned char> all(total);
+  if (total > 0)
+    CCLITE_TRY(comm.allgatherv(static_cast<const void*>(mine.data()), counts[static_cast<std::size_t>(comm.rank())],
+                               static_cast<void*>(all.data()), counts.data(), displs.data(), dtype::uint8));
+  std::vector<std::vector<T>> out(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    out[r].resize(static_cast<std::size_t>(lengths[r]));
+    if (counts[r] > 0) std::memcpy(static_cast<void*>(out[r].data()), all.data() + displs[r], counts[r]);
+  }
+  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
+}
+
+/// Every rank's `mine`, in rank order, on every rank.
+template <class Comm>
+result<std::vector<std::string>> allgather_strings(Comm& comm, const std::string& mine) {
+  auto bytes = allgather_vectors(comm, std::vector<char>(mine.begin(), mine.end()));
+  if (!bytes.ok()) return bytes.error();
+  std::vector<std::string> out;
+  out.reserve(bytes.value().size());
+  for (const auto& b : bytes.value()) out.emplace_back(b.begin(), b.end());
+  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
+}
+
+}  // namespace cclite
