@@ -159,8 +159,7 @@ class data_parallel {
       index_ = std::move(o.index_);
       plan_ = std::move(o.plan_);
       store_ = std::move(o.store_);
-      wire_fp16_ = std::move(o.wire_fp16_);
-      wire_bf16_ = std::move(o.wire_bf16_);
+      wire_ = std::move(o.wire_);
       opts_ = o.opts_;
       slots_ = std::move(o.slots_);
       remaining_ = std::move(o.remaining_);
@@ -442,8 +441,7 @@ class data_parallel {
                               opts_.split_bytes);
     const bool compressed = opts_.compression != grad_compression::none;
     CCLITE_TRY(store_.allocate(*comm_, params_, plan_, opts_.shared_gradients && !compressed));
-    if (size() > 1 && opts_.compression == grad_compression::fp16) wire_fp16_.assign(store_.size(), half{});
-    if (size() > 1 && opts_.compression == grad_compression::bf16) wire_bf16_.assign(store_.size(), bfloat16{});
+    if (size() > 1) wire_.allocate(opts_.compression, store_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       index_[params_[i]] = i;
       if constexpr (!on_device) params_[i]->bind_grad(store_.grad() + plan_.param_offset[i]);
@@ -480,11 +478,8 @@ class data_parallel {
     slots_[b].launched = clock::now();
     slots_[b].seen_done = clock::time_point{};
     if constexpr (!on_device) {
-      if (opts_.compression != grad_compression::none) {
-        slots_[b].w = with_wire([&](auto* wire) {
-          pack_gradients(store_.grad() + bk.offset, wire + bk.offset, bk.count, size());
-          return comm_->allreduce_async(wire + bk.offset, bk.count, reduce_op::sum);
-        });
+      if (wire_.on()) {
+        slots_[b].w = wire_.allreduce_async(*comm_, store_.grad(), bk.offset, bk.count);
         return;
       }
     }
@@ -495,14 +490,7 @@ class data_parallel {
   status reduce_inline(std::size_t b) {
     const auto& bk = plan_.buckets[b];
     if constexpr (!on_device) {
-      if (opts_.compression != grad_compression::none) {
-        status st = with_wire([&](auto* wire) {
-          pack_gradients(store_.grad() + bk.offset, wire + bk.offset, bk.count, size());
-          return comm_->allreduce(wire + bk.offset, bk.count, reduce_op::sum);
-        });
-        if (st.ok()) unpack(b);
-        return st;
-      }
+      if (wire_.on()) return wire_.allreduce(*comm_, store_.grad(), bk.offset, bk.count);
     }
     return comm_->allreduce(store_.grad() + bk.offset, bk.count, reduce_op::avg);
   }
@@ -510,17 +498,8 @@ class data_parallel {
   // A compressed bucket's reduced values back into its fp32 gradients.
   void unpack(std::size_t b) {
     if constexpr (!on_device) {
-      if (opts_.compression == grad_compression::none) return;
-      const auto& bk = plan_.buckets[b];
-      with_wire([&](auto* wire) { unpack_gradients(wire + bk.offset, store_.grad() + bk.offset, bk.count); });
+      if (wire_.on()) wire_.unpack(store_.grad(), plan_.buckets[b].offset, plan_.buckets[b].count);
     }
-  }
-
-  // Calls f with the 16-bit buffer of the chosen compression.
-  template <class F>
-  decltype(auto) with_wire(F&& f) {
-    if (opts_.compression == grad_compression::fp16) return f(wire_fp16_.data());
-    return f(wire_bf16_.data());
   }
 
   // Outstanding allreduces write into the gradients: they must finish before they go.
@@ -534,10 +513,7 @@ class data_parallel {
   std::unordered_map<const parameter*, std::size_t> index_;
   bucket_plan plan_;
   grad_storage<Comm> store_;  // all gradients, bucket order
-  // dp_options::compression: the gradients in 16 bits, laid out as store_
-  // (one of the two is allocated).
-  std::vector<half> wire_fp16_;
-  std::vector<bfloat16> wire_bf16_;
+  grad_wire wire_;             // dp_options::compression: the gradients in 16 bits
   dp_options opts_;
   std::vector<slot> slots_;
   std::vector<std::size_t> remaining_;  // per bucket: gradient elements not yet final this step

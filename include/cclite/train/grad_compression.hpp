@@ -24,10 +24,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/reduce_kernels.hpp>
 #include <cclite/core/reduce_x86.hpp>
+#include <cclite/core/status.hpp>
 
 namespace cclite::train {
 
@@ -85,5 +87,58 @@ void unpack_gradients(const Wire* in, float* g, std::size_t n) noexcept {
 }
 
 CCLITE_FP_KERNELS_END
+
+/// The 16-bit copy of the gradients that data_parallel sends when compression
+/// is on: one buffer laid out as the fp32 gradients, so a bucket is the same
+/// range [offset, offset + count) in both.
+class grad_wire {
+  // f(the buffer of the chosen type); first, so that its return type is
+  // deduced before the members below use it.
+  template <class F>
+  decltype(auto) with(F&& f) {
+    if (c_ == grad_compression::fp16) return f(fp16_.data());
+    return f(bf16_.data());
+  }
+
+ public:
+  /// Sized for `n` gradients; nothing for grad_compression::none.
+  void allocate(grad_compression c, std::size_t n) {
+    c_ = c;
+    if (c == grad_compression::fp16) fp16_.assign(n, half{});
+    if (c == grad_compression::bf16) bf16_.assign(n, bfloat16{});
+  }
+  bool on() const noexcept { return c_ != grad_compression::none; }
+
+  /// Packs g[off, off + n) divided by comm.size() and starts its
+  /// allreduce(sum) on `comm`; unpack() once it is done.
+  template <class Comm>
+  auto allreduce_async(Comm& comm, const float* g, std::size_t off, std::size_t n) {
+    return with([&](auto* wire) {
+      pack_gradients(g + off, wire + off, n, comm.size());
+      return comm.allreduce_async(wire + off, n, reduce_op::sum);
+    });
+  }
+
+  /// The same on the calling thread, unpacked into g when it worked.
+  template <class Comm>
+  status allreduce(Comm& comm, float* g, std::size_t off, std::size_t n) {
+    status st = with([&](auto* wire) {
+      pack_gradients(g + off, wire + off, n, comm.size());
+      return comm.allreduce(wire + off, n, reduce_op::sum);
+    });
+    if (st.ok()) unpack(g, off, n);
+    return st;
+  }
+
+  /// The reduced values of [off, off + n) into g, as fp32.
+  void unpack(float* g, std::size_t off, std::size_t n) noexcept {
+    with([&](auto* wire) { unpack_gradients(wire + off, g + off, n); });
+  }
+
+ private:
+  grad_compression c_ = grad_compression::none;
+  std::vector<half> fp16_;
+  std::vector<bfloat16> bf16_;
+};
 
 }  // namespace cclite::train
