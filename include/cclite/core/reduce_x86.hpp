@@ -6,11 +6,12 @@
 // (SSE2), as a program is unless it asks for more, a bfloat16 sum ran at a
 // sixth and a float16 sum at a twentieth of a float sum's speed, and bf16 /
 // fp16 allreduces at half and a sixth of float's bus bandwidth
-// (docs/performance.md, Session 19). These handle 8 elements per
-// instruction: F16C's vcvtph2ps / vcvtps2ph for float16, shifts and the
-// rounding add for bfloat16, AVX for the arithmetic. They are compiled with
-// target attributes, so a program needs no -mavx2 and still runs on any x86-64
-// CPU: the CPU is asked once (cpu_has_avx2_f16c).
+// (docs/performance.md, Session 19). These take 16 elements per step, 8 per
+// instruction: F16C's vcvtph2ps / vcvtps2ph for float16; for bfloat16 an
+// interleave with zeros, the rounding add and one pack (lanes<bfloat16>); AVX
+// for the arithmetic. They are compiled with target attributes, so a program
+// needs no -mavx2 and still runs on any x86-64 CPU: the CPU is asked once
+// (cpu_has_avx2_f16c).
 //
 // Same bits: each element gets the same float operation and the same
 // round-to-nearest-even as in the portable kernels, whatever its position, so
