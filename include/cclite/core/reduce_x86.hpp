@@ -21,7 +21,9 @@
 //
 // Written with GCC/Clang vector extensions and the F16C builtins instead of
 // <immintrin.h>: that header is 47k lines (0.5 s of compile time in every
-// translation unit that includes cclite). CCLITE_NO_X86_KERNELS turns this off.
+// translation unit that includes cclite). CCLITE_NO_X86_KERNELS turns this off
+// (define it for the whole program, or translation units disagree on what
+// reduction_for hands out; both answers give the same bits).
 #pragma once
 
 #include <cstddef>
