@@ -42,30 +42,32 @@ inline status checked_bytes(std::uint64_t n, std::size_t elem, const char* what,
 }
 }  // namespace detail
 
+namespace detail {
+/// Root's size, then root's bytes, into `data` (a std::vector or std::string).
+template <class Comm, class Container>
+status broadcast_container(Comm& comm, Container& data, int root, const char* what) {
+  std::uint64_t n = data.size();
+  CCLITE_TRY(comm.broadcast(&n, 1, dtype::uint64, root));
+  std::size_t bytes = 0;
+  CCLITE_TRY(checked_bytes(n, sizeof(typename Container::value_type), what, bytes));
+  if (comm.rank() != root) data.resize(static_cast<std::size_t>(n));
+  if (bytes == 0) return {};
+  return comm.broadcast(static_cast<void*>(data.data()), bytes, dtype::uint8, root);
+}
+}  // namespace detail
+
 /// Makes every rank's `data` a copy of root's `data` (T trivially copyable;
 /// the others' vectors are resized).
 template <class Comm, class T>
 status broadcast_vector(Comm& comm, std::vector<T>& data, int root) {
   static_assert(std::is_trivially_copyable_v<T>, "broadcast_vector: T must be trivially copyable");
-  std::uint64_t n = data.size();
-  CCLITE_TRY(comm.broadcast(&n, 1, dtype::uint64, root));
-  std::size_t bytes = 0;
-  CCLITE_TRY(detail::checked_bytes(n, sizeof(T), "broadcast_vector", bytes));
-  if (comm.rank() != root) data.resize(static_cast<std::size_t>(n));
-  if (bytes == 0) return {};
-  return comm.broadcast(static_cast<void*>(data.data()), bytes, dtype::uint8, root);
+  return detail::broadcast_container(comm, data, root, "broadcast_vector");
 }
 
 /// Makes every rank's `data` a copy of root's `data`.
 template <class Comm>
 status broadcast_string(Comm& comm, std::string& data, int root) {
-  std::uint64_t n = data.size();
-  CCLITE_TRY(comm.broadcast(&n, 1, dtype::uint64, root));
-  std::size_t bytes = 0;
-  CCLITE_TRY(detail::checked_bytes(n, 1, "broadcast_string", bytes));
-  if (comm.rank() != root) data.resize(bytes);
-  if (bytes == 0) return {};
-  return comm.broadcast(static_cast<void*>(&data[0]), bytes, dtype::uint8, root);
+  return detail::broadcast_container(comm, data, root, "broadcast_string");
 }
 
 /// Every rank's `mine`, in rank order, on every rank (lengths may differ,

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -53,10 +54,7 @@ inline const char* to_string(grad_compression c) noexcept {
 inline bool parse_grad_compression(const char* s, grad_compression& out) noexcept {
   const grad_compression all[] = {grad_compression::none, grad_compression::fp16, grad_compression::bf16};
   for (grad_compression c : all) {
-    const char* n = to_string(c);
-    std::size_t i = 0;
-    while (n[i] && s[i] == n[i]) ++i;
-    if (!n[i] && !s[i]) {
+    if (std::strcmp(s, to_string(c)) == 0) {
       out = c;
       return true;
     }
