@@ -332,10 +332,11 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("train_fashion_mnist: %d rank%s, MLP", world, world == 1 ? "" : "s");
     for (std::size_t i = 0; i < sizes.size(); ++i) std::printf("%s%d", i ? "-" : " ", sizes[i]);
-    std::printf(" (%zu parameters), global batch %d (%d per rank%s), %s lr %g (%s), %d BLAS thread(s) per rank via %s\n",
+    std::printf(" (%zu parameters), global batch %d (%d per rank%s), %s lr %g (%s), %d BLAS thread(s) per rank via %s%s%s%s\n",
                 net.parameter_count(), a.batch, local_batch,
                 a.accumulate > 1 ? (", " + std::to_string(a.accumulate) + " micro-batches").c_str() : "",
-                a.optimizer.c_str(), static_cast<double>(a.lr), a.schedule.c_str(), threads, train::gemm_backend());
+                a.optimizer.c_str(), static_cast<double>(a.lr), a.schedule.c_str(), threads, train::gemm_backend(),
+                *train::gemm_kernels() ? " (" : "", train::gemm_kernels(), *train::gemm_kernels() ? " kernels)" : "");
     if (opt.fused())
       std::printf("gradients: %zu values in a shared window; the optimiser step is sharded over %d ranks and fused "
                   "with their reduction (--shard-optimizer 0: buckets as below)\n", ddp.flat_size(), world);

@@ -36,6 +36,19 @@ inline const char* gemm_backend() noexcept {
 #endif
 }
 
+/// The kernel set OpenBLAS chose for this CPU when it loaded ("Haswell",
+/// "SkylakeX", ...; the environment variable OPENBLAS_CORETYPE overrides the
+/// choice, as on the development machines, which pin "Haswell"), or "" with
+/// another backend. The sample prints it: a step's speed depends on it.
+inline const char* gemm_kernels() noexcept {
+#if defined(CCLITE_HAS_OPENBLAS)
+  const char* core = openblas_get_corename();
+  return core ? core : "";
+#else
+  return "";
+#endif
+}
+
 /// Sets how many threads one matrix product may use (OpenBLAS only; other
 /// backends read their own environment, e.g. OMP_NUM_THREADS). One per rank is
 /// what a data-parallel job with one rank per core wants.
