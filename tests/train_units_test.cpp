@@ -142,6 +142,18 @@ TEST_CASE("checkpoint: round trip, atomic replacement, nothing left behind") {
   CHECK(in.value().get_floats("w", back.data(), 999).code() == errc::invalid_argument);  // another model
   CHECK(in.value().get_u64("nope").error().code() == errc::invalid_argument);
 
+  // In memory: serialize() is the file's bytes, parse() reads them back.
+  const std::vector<char> file = slurp(path);
+  const std::vector<std::uint8_t> bytes = in.value().serialize();
+  CHECK(std::vector<char>(bytes.begin(), bytes.end()) == file);
+  auto parsed = train::checkpoint::parse(bytes.data(), bytes.size(), "from memory");
+  REQUIRE(parsed.ok());
+  CHECK(parsed.value().checksum() == ck.checksum());
+  CHECK(parsed.value().get_u64("epoch").value() == 7);
+  auto cut = train::checkpoint::parse(bytes.data(), bytes.size() - 1, "from memory");
+  REQUIRE_FALSE(cut.ok());
+  CHECK(cut.error().message().find("checkpoint 'from memory' refused: truncated") == 0);
+
   ck.put_u64("epoch", 8);  // replaces the section
   REQUIRE(ck.save(path).ok());
   CHECK(train::checkpoint::load(path).value().get_u64("epoch").value() == 8);

@@ -3,6 +3,8 @@
 #   fuzz_store_frame   tests/fuzz/store_frame_fuzz.cpp: the TCP store's handshake,
 #                      request and reply parsers (store_protocol.hpp, store_auth.hpp)
 #   fuzz_hello         tests/fuzz/hello_fuzz.cpp: the TCP data transport's hello frame
+#   fuzz_checkpoint    tests/fuzz/checkpoint_fuzz.cpp: loading a training checkpoint
+#                      and restoring a model, optimiser and sampler from it
 #
 # Each test builds its target with clang++ -fsanitize=fuzzer,address,undefined
 # (at test time, so the normal build needs no clang) and runs it for
@@ -14,7 +16,7 @@ find_program(CCLITE_FUZZ_CXX NAMES clang++ clang++-19 clang++-18 clang++-17 clan
   DOC "clang++ used to build the libFuzzer targets")
 set(CCLITE_FUZZ_SECONDS 8 CACHE STRING "seconds each libFuzzer target runs in ctest")
 
-foreach(_fz store_frame hello)
+foreach(_fz store_frame hello checkpoint)
   add_test(NAME fuzz_${_fz}
     COMMAND ${CMAKE_COMMAND}
             "-DCXX=${CCLITE_FUZZ_CXX}"

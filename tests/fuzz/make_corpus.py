@@ -3,8 +3,8 @@
 
 The files are committed; rerun this only when a wire format changes:
     python3 tests/fuzz/make_corpus.py
-Layouts: transports/tcp/include/cclite/tcp/store_protocol.hpp and hello.hpp
-(all integers little-endian).
+Layouts: transports/tcp/include/cclite/tcp/store_protocol.hpp and hello.hpp,
+include/cclite/train/checkpoint.hpp (all integers little-endian).
 """
 import hashlib
 import hmac
@@ -72,6 +72,56 @@ HELLO = {
 }
 
 
+def crc32c(data, crc=0):
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def payload(sections):
+    out = b""
+    for name, data in sections:
+        out += struct.pack("<I", len(name)) + name + struct.pack("<Q", len(data)) + data
+    return out
+
+
+def ckpt_file(sections):
+    body = payload(sections)
+    head = b"CCLTCKPT" + struct.pack("<IIQI", 1, len(sections), len(body), crc32c(body))
+    return head + struct.pack("<I", crc32c(head)) + body
+
+
+def floats(*v):
+    return struct.pack("<%df" % len(v), *v)
+
+
+def u64(v):
+    return struct.pack("<Q", v)
+
+
+# What checkpoint_fuzz.cpp restores: a 3-2-2 MLP (fc1 2x3, fc2 2x2), SGD and
+# AdamW state, a sampler over 10 samples (the sample's section names).
+PARAMS = [(b"fc1.weight", 6), (b"fc1.bias", 2), (b"fc2.weight", 4), (b"fc2.bias", 2)]
+MODEL = [(b"param." + n, floats(*[0.25 * i for i in range(k)])) for n, k in PARAMS]
+SGD = [(b"optim.kind.sgd", u64(3))] + [(b"optim." + n + b".momentum", floats(*[0.5] * k)) for n, k in PARAMS]
+ADAMW = [(b"optim.kind.adamw", u64(3))] + [
+    (b"optim." + n + suffix, floats(*[0.125] * k)) for n, k in PARAMS for suffix in (b".exp_avg", b".exp_avg_sq")]
+SAMPLER = [(b"sampler." + k, u64(v)) for k, v in
+           ((b"seed", 7), (b"epoch", 2), (b"position", 3), (b"world_size", 2), (b"dataset_size", 10))]
+# First byte even: the whole file; odd: a payload the harness wraps (second byte: section count).
+CHECKPOINT = {
+    "sgd_file": b"\0" + ckpt_file(MODEL + SGD + SAMPLER),
+    "adamw_file": b"\0" + ckpt_file(MODEL + ADAMW + SAMPLER),
+    "sgd_payload": b"\1" + bytes([len(MODEL + SGD + SAMPLER)]) + payload(MODEL + SGD + SAMPLER),
+    "adamw_payload": b"\1" + bytes([len(MODEL + ADAMW + SAMPLER)]) + payload(MODEL + ADAMW + SAMPLER),
+    "truncated_file": b"\0" + ckpt_file(MODEL + SGD)[:-5],
+    "empty_file": b"\0" + ckpt_file([]),
+}
+
+
 def write(target, files):
     d = os.path.join(HERE, "corpus", target)
     os.makedirs(d, exist_ok=True)
@@ -82,3 +132,4 @@ def write(target, files):
 
 write("store_frame", STORE)
 write("hello", HELLO)
+write("checkpoint", CHECKPOINT)

@@ -6,6 +6,7 @@
 //   if (auto st = ck.save("run/ckpt.bin"); !st.ok()) ...     // rank 0 only
 //   auto in = train::checkpoint::load("run/ckpt.bin");        // any rank
 //   if (!in) ... in.error() says "truncated" or "corrupt" and why
+//   auto bytes = ck.serialize();  auto back = train::checkpoint::parse(p, n, "name");  // in memory
 //
 // save() writes `path.tmp.<pid>`, fsyncs it, renames it over `path` and fsyncs
 // the directory: a crash leaves either the old checkpoint or the new one,
@@ -122,10 +123,9 @@ class checkpoint {
 
   // ---- files ------------------------------------------------------------------------------
 
-  /// Writes the checkpoint to `path` atomically (temporary file, fsync, rename).
-  status save(const std::string& path) {
-    if (!detail::host_is_little_endian())
-      return make_error(errc::unsupported, "checkpoint: saving on a big-endian host is not supported");
+  /// The file's bytes (layout above), as save() writes them; sets checksum().
+  /// parse() of them gives back the same sections.
+  std::vector<std::uint8_t> serialize() {
     std::vector<std::uint8_t> payload;
     for (const auto& s : sections_) {
       append_u32(payload, static_cast<std::uint32_t>(s.first.size()));
@@ -141,6 +141,14 @@ class checkpoint {
     append_u32(file, crc_);
     append_u32(file, detail::crc32c(file.data(), file.size()));
     file.insert(file.end(), payload.begin(), payload.end());
+    return file;
+  }
+
+  /// Writes the checkpoint to `path` atomically (temporary file, fsync, rename).
+  status save(const std::string& path) {
+    if (!detail::host_is_little_endian())
+      return make_error(errc::unsupported, "checkpoint: saving on a big-endian host is not supported");
+    const std::vector<std::uint8_t> file = serialize();
 
     const std::string tmp = path + ".tmp." + std::to_string(::getpid());
     int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -183,31 +191,39 @@ class checkpoint {
   static result<checkpoint> load(const std::string& path) {
     std::vector<std::uint8_t> file;
     CCLITE_TRY(read_file(path, file));
+    return parse(file.data(), file.size(), path);
+  }
+
+  /// Verifies and reads a checkpoint held in memory (`size` bytes at `data`);
+  /// `name` stands for it in errors. Errors as load()'s: errc::protocol_error
+  /// for anything but an intact checkpoint.
+  static result<checkpoint> parse(const void* data, std::size_t size, const std::string& name) {
+    const auto* file = static_cast<const std::uint8_t*>(data);
     auto bad = [&](const char* fmt, auto... args) {
       char why[256];
       std::snprintf(why, sizeof why, fmt, args...);
-      return make_error(errc::protocol_error, "checkpoint '%s' refused: %s", path.c_str(), why);
+      return make_error(errc::protocol_error, "checkpoint '%s' refused: %s", name.c_str(), why);
     };
     if (!detail::host_is_little_endian()) return bad("%s", "this host is big-endian; checkpoints are little-endian");
-    if (file.size() < header_bytes) {
-      return bad("truncated: %zu bytes, shorter than the %zu-byte header", file.size(), header_bytes);
+    if (size < header_bytes) {
+      return bad("truncated: %zu bytes, shorter than the %zu-byte header", size, header_bytes);
     }
-    if (std::memcmp(file.data(), magic, 8) != 0) return bad("%s", "not a cclite checkpoint (bad magic)");
-    if (read_u32(file.data() + 28) != detail::crc32c(file.data(), 28)) return bad("%s", "corrupt header (checksum mismatch)");
-    const std::uint32_t ver = read_u32(file.data() + 8);
+    if (std::memcmp(file, magic, 8) != 0) return bad("%s", "not a cclite checkpoint (bad magic)");
+    if (read_u32(file + 28) != detail::crc32c(file, 28)) return bad("%s", "corrupt header (checksum mismatch)");
+    const std::uint32_t ver = read_u32(file + 8);
     if (ver != version) return bad("version %u, this build reads version %u", ver, version);
-    const std::uint32_t nsec = read_u32(file.data() + 12);
-    const std::uint64_t plen = read_u64(file.data() + 16);
-    const std::uint64_t have = file.size() - header_bytes;
+    const std::uint32_t nsec = read_u32(file + 12);
+    const std::uint64_t plen = read_u64(file + 16);
+    const std::uint64_t have = size - header_bytes;
     if (have < plen) {
       return bad("truncated: payload has %llu of %llu bytes", static_cast<unsigned long long>(have),
                  static_cast<unsigned long long>(plen));
     }
     if (have > plen) return bad("%llu unexpected bytes after the payload", static_cast<unsigned long long>(have - plen));
     checkpoint ck;
-    ck.crc_ = detail::crc32c(file.data() + header_bytes, plen);
-    if (ck.crc_ != read_u32(file.data() + 24)) return bad("%s", "corrupt payload (checksum mismatch)");
-    const std::uint8_t* p = file.data() + header_bytes;
+    ck.crc_ = detail::crc32c(file + header_bytes, plen);
+    if (ck.crc_ != read_u32(file + 24)) return bad("%s", "corrupt payload (checksum mismatch)");
+    const std::uint8_t* p = file + header_bytes;
     const std::uint8_t* end = p + plen;
     for (std::uint32_t i = 0; i < nsec; ++i) {
       // Lengths were covered by the checksum; bounds are checked anyway.
