@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +31,7 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "fashion_mnist.hpp"
@@ -124,7 +126,49 @@ void usage() {
       sample::default_fashion_mnist_dir());
 }
 
+// Numbers are read whole and range-checked: "--lr abc" or "--batch 64x" is a
+// usage error naming the option, never a silent 0.
+template <class T>
+bool number(const std::string& k, const char* v, T lo, T hi, T& out) {
+  char* end = nullptr;
+  errno = 0;
+  bool ok = false;
+  if constexpr (std::is_floating_point_v<T>) {
+    const double x = std::strtod(v, &end);
+    ok = end != v && !*end && errno == 0 && x >= static_cast<double>(lo) && x <= static_cast<double>(hi);
+    if (ok) out = static_cast<T>(x);
+  } else if constexpr (std::is_unsigned_v<T>) {
+    const unsigned long long x = std::strtoull(v, &end, 10);
+    ok = *v != '-' && end != v && !*end && errno == 0 && x >= lo && x <= hi;
+    if (ok) out = static_cast<T>(x);
+  } else {
+    const long long x = std::strtoll(v, &end, 10);
+    ok = end != v && !*end && errno == 0 && x >= lo && x <= hi;
+    if (ok) out = static_cast<T>(x);
+  }
+  if (!ok) {
+    auto show = [](T x) {
+      if constexpr (!std::is_floating_point_v<T>) return std::to_string(x);
+      char b[32];
+      std::snprintf(b, sizeof b, "%g", static_cast<double>(x));
+      return std::string(b);
+    };
+    std::fprintf(stderr, "%s takes a number from %s to %s, not '%s'\n", k.c_str(), show(lo).c_str(), show(hi).c_str(), v);
+  }
+  return ok;
+}
+
+bool one_of(const std::string& k, const std::string& v, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (v == n) return true;
+  std::string list;
+  for (const char* n : names) list += (list.empty() ? "" : ", ") + std::string(n);
+  std::fprintf(stderr, "%s takes %s, not '%s'\n", k.c_str(), list.c_str(), v.c_str());
+  return false;
+}
+
 bool parse(int argc, char** argv, args& a) {
+  constexpr long kib_max = 1L << 30;  // 1 TiB, in KiB
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     auto val = [&]() -> const char* {
@@ -134,26 +178,31 @@ bool parse(int argc, char** argv, args& a) {
       }
       return argv[++i];
     };
-    if (k == "--epochs") a.epochs = std::atoi(val());
-    else if (k == "--batch") a.batch = std::atoi(val());
-    else if (k == "--optimizer") a.optimizer = val();
-    else if (k == "--lr") a.lr = std::strtof(val(), nullptr);
-    else if (k == "--momentum") a.momentum = std::strtof(val(), nullptr);
-    else if (k == "--weight-decay") a.weight_decay = std::strtof(val(), nullptr);
-    else if (k == "--schedule") a.schedule = val();
+    bool ok = true;
+    int flag = 0;
+    if (k == "--epochs") ok = number(k, val(), 0, 1000000, a.epochs);
+    else if (k == "--batch") ok = number(k, val(), 1, 1 << 24, a.batch);
+    else if (k == "--optimizer") ok = one_of(k, a.optimizer = val(), {"sgd", "adamw"});
+    else if (k == "--lr") ok = number(k, val(), 0.0f, 1e6f, a.lr);
+    else if (k == "--momentum") ok = number(k, val(), 0.0f, 1.0f, a.momentum);
+    else if (k == "--weight-decay") ok = number(k, val(), 0.0f, 1e6f, a.weight_decay);
+    else if (k == "--schedule") ok = one_of(k, a.schedule = val(), {"cosine", "constant"});
     else if (k == "--data") a.data = val();
     else if (k == "--checkpoint") a.checkpoint = val();
     else if (k == "--no-checkpoint") a.save = false;
     else if (k == "--resume") a.resume = true;
     else if (k == "--no-eval") a.eval = false;
-    else if (k == "--seed") a.seed = std::strtoull(val(), nullptr, 10);
-    else if (k == "--threads") a.threads = std::atoi(val());
-    else if (k == "--bucket-kb") a.bucket_kb = std::atol(val());
-    else if (k == "--first-bucket-kb") a.first_bucket_kb = std::atol(val());
-    else if (k == "--split-kb") a.split_kb = std::atol(val());
-    else if (k == "--shared-grads") a.shared_grads = std::atoi(val()) != 0;
-    else if (k == "--shard-optimizer") a.shard = std::atoi(val()) != 0;
-    else if (k == "--accumulate") a.accumulate = std::atoi(val());
+    else if (k == "--seed") ok = number(k, val(), std::uint64_t{0}, UINT64_MAX, a.seed);
+    else if (k == "--threads") ok = number(k, val(), 0, 4096, a.threads);
+    else if (k == "--bucket-kb") ok = number(k, val(), 1L, kib_max, a.bucket_kb);
+    else if (k == "--first-bucket-kb") {
+      const char* v = val();
+      if (std::strcmp(v, "auto") == 0) a.first_bucket_kb = -1;
+      else ok = number(k, v, 1L, kib_max, a.first_bucket_kb);
+    } else if (k == "--split-kb") ok = number(k, val(), 0L, kib_max, a.split_kb);
+    else if (k == "--shared-grads") ok = number(k, val(), 0, 1, flag), a.shared_grads = flag != 0;
+    else if (k == "--shard-optimizer") ok = number(k, val(), 0, 1, flag), a.shard = flag != 0;
+    else if (k == "--accumulate") ok = number(k, val(), 1, 1 << 20, a.accumulate);
     else if (k == "--compress") {
       const char* v = val();
       if (!train::parse_grad_compression(v, a.compress)) {
@@ -161,19 +210,22 @@ bool parse(int argc, char** argv, args& a) {
         return false;
       }
     }
-    else if (k == "--progress") a.progress = val();
-    else if (k == "--timeline") a.timeline = std::atoi(val());
-    else if (k == "--max-steps") a.max_steps = std::atol(val());
+    else if (k == "--progress") ok = one_of(k, a.progress = val(), {"auto", "bar", "lines", "none"});
+    else if (k == "--timeline") ok = number(k, val(), 0, 1 << 30, a.timeline);
+    else if (k == "--max-steps") ok = number(k, val(), 0L, 1L << 40, a.max_steps);
     else if (k == "--profile") a.profile = true;
     else if (k == "--hidden") {
       a.hidden.clear();
-      for (const char* p = val(); *p;) {
+      const char* v = val();
+      for (const char* p = v; *p;) {
         char* end;
-        long v = std::strtol(p, &end, 10);
-        if (end == p || v <= 0) return false;
-        a.hidden.push_back(static_cast<int>(v));
+        long w = std::strtol(p, &end, 10);
+        if (end == p || w <= 0 || w > (1 << 20) || (*end && *end != ',')) {
+          std::fprintf(stderr, "--hidden takes widths from 1 to %d separated by commas, not '%s'\n", 1 << 20, v);
+          return false;
+        }
+        a.hidden.push_back(static_cast<int>(w));
         p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return false;
       }
     } else if (k == "-h" || k == "--help") {
       usage();
@@ -182,10 +234,11 @@ bool parse(int argc, char** argv, args& a) {
       std::fprintf(stderr, "unknown option %s (see --help)\n", k.c_str());
       return false;
     }
+    if (!ok) return false;
   }
   if (a.lr < 0) a.lr = a.optimizer == "sgd" ? 0.05f : 1e-3f;
   if (a.weight_decay < 0) a.weight_decay = a.optimizer == "sgd" ? 0.0f : 1e-4f;
-  return a.epochs >= 0 && a.batch > 0 && a.accumulate > 0 && (a.optimizer == "sgd" || a.optimizer == "adamw");
+  return true;
 }
 
 // SGD or AdamW behind one face (the sample lets the user pick), stepped
@@ -262,7 +315,7 @@ int fail(int rank, const cclite::status& st) {
 int main(int argc, char** argv) {
   args a;
   if (!parse(argc, argv, a)) {
-    usage();
+    std::fprintf(stderr, "(train_fashion_mnist --help lists the options)\n");
     return 2;
   }
   // Started without a launcher (plain ./train_fashion_mnist): one process.

@@ -74,6 +74,36 @@ TEST_CASE("train_fashion_mnist: a missing dataset names the package to install")
   CHECK(has(r.text, "--data"));
 }
 
+TEST_CASE("train_fashion_mnist: a malformed or out-of-range option is refused by name, before any work") {
+  if (!have_trainer()) {
+    MESSAGE("train_fashion_mnist not built (no zlib): skipped");
+    return;
+  }
+  // Each was once read as 0 or as another value without a word (atoi, strtof).
+  const std::pair<const char*, const char*> bad[] = {
+      {"--lr abc", "--lr takes a number from 0 to 1e+06, not 'abc'"},
+      {"--batch 64x", "--batch takes a number from 1 to"},
+      {"--batch 0", "--batch takes a number from 1 to"},
+      {"--accumulate 0", "--accumulate takes a number from 1 to"},
+      {"--seed -1", "--seed takes a number from 0 to 18446744073709551615, not '-1'"},
+      {"--momentum 1.5", "--momentum takes a number from 0 to 1, not '1.5'"},
+      {"--shared-grads yes", "--shared-grads takes a number from 0 to 1"},
+      {"--schedule cosin", "--schedule takes cosine, constant, not 'cosin'"},
+      {"--optimizer adam", "--optimizer takes sgd, adamw, not 'adam'"},
+      {"--progress nope", "--progress takes auto, bar, lines, none"},
+      {"--hidden 256,,x", "--hidden takes widths"},
+      {"--epochs", "--epochs needs a value"},
+  };
+  for (const auto& [args, message] : bad) {
+    // A missing --data directory: any work past parsing would fail differently.
+    run_out r = sh(trainer() + " --data /nonexistent " + args);
+    INFO(args, ": ", r.text);
+    CHECK(r.rc == 2);
+    CHECK(has(r.text, message));
+    CHECK_FALSE(has(r.text, "dataset-fashion-mnist"));
+  }
+}
+
 TEST_CASE("train_fashion_mnist: train, resume, kill mid-epoch and resume, refuse a damaged checkpoint") {
   if (!have_trainer() || !have_dataset()) {
     MESSAGE("train_fashion_mnist or dataset-fashion-mnist missing: skipped (scripts/install-deps.sh installs both)");
