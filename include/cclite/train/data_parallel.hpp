@@ -62,6 +62,14 @@
 // gradients by synchronize(): half the bytes on the wire, for links between
 // nodes. Host gradients only.
 //
+// Uneven inputs (dp_options::uneven_inputs, PyTorch's Join context): ranks
+// may run out of batches at different steps. Each synchronizing step then
+// starts with a one-float allreduce saying which ranks still train; a rank
+// with no batch left calls join(after_step), which takes part in the others'
+// steps with zero gradients (and runs after_step, e.g. the optimiser, on the
+// same averaged gradients, so it stays bitwise equal) until every rank has
+// joined. Averages still divide by the world size, as DDP's default does.
+//
 // Errors: create() returns the first failed collective, or errc::mismatch
 // when ranks registered different parameters. synchronize() returns the first
 // failed allreduce or errc::timeout; after an error the wrapper stays broken
@@ -120,6 +128,11 @@ struct dp_options {
   /// With compression the gradients stay in ordinary memory (the window
   /// would not be what is reduced). errc::unsupported for device gradients.
   grad_compression compression = grad_compression::none;
+  /// Ranks may have different numbers of steps: each synchronizing step also
+  /// allreduces one float (which ranks still train), and a rank out of
+  /// batches calls join(). Every rank must set it alike. Not with
+  /// sharded_optimizer, nor in device memory (errc::unsupported).
+  bool uneven_inputs = false;
 };
 
 template <class Comm>
@@ -140,7 +153,10 @@ class data_parallel {
     if (on_device && opts.compression != grad_compression::none)
       return make_error(errc::unsupported, "data_parallel: gradient compression (%s) works on host gradients only",
                         to_string(opts.compression));
+    if (on_device && opts.uneven_inputs)
+      return make_error(errc::unsupported, "data_parallel: uneven_inputs works on host gradients only");
     data_parallel dp(comm, std::move(params), opts);
+    if (opts.uneven_inputs) dp.flag_ = std::make_unique<float>(0.0f);
     CCLITE_TRY(dp.check_shapes());
     // In device memory the values are broadcast where they live, once allocated.
     if (opts.broadcast_parameters && !on_device) CCLITE_TRY(dp.broadcast_values());
@@ -167,6 +183,11 @@ class data_parallel {
       next_launch_ = o.next_launch_;
       marked_ = o.marked_;
       o.next_launch_ = 0;
+      flag_ = std::move(o.flag_);
+      flag_slot_ = std::move(o.flag_slot_);
+      flag_issued_ = o.flag_issued_;
+      o.flag_issued_ = false;
+      active_ranks_ = o.active_ranks_;
       sync_ = o.sync_;
       deferred_ = o.deferred_;
       broken_ = std::move(o.broken_);
@@ -268,7 +289,10 @@ class data_parallel {
     if (end > p.size()) end = p.size();
     if (begin < cursor_[i]) begin = cursor_[i];
     if (begin != cursor_[i] || begin >= end) return;  // a gap, or nothing new
-    if (marked_++ == 0) step_start_ = clock::now();
+    if (marked_++ == 0) {
+      step_start_ = clock::now();
+      issue_flag();
+    }
     cursor_[i] = end;
     // The marked range, in the flat buffer, may cover several buckets.
     std::size_t at = plan_.param_offset[i] + begin;
@@ -298,6 +322,7 @@ class data_parallel {
     if (!sync_ || deferred_ || size() == 1 || plan_.buckets.empty()) return {};
     const auto backward_end = clock::now();
     if (marked_ == 0) step_start_ = backward_end;  // nobody called grad_ready: nothing overlapped
+    issue_flag();
     poll_done();
     timeline_.assign(plan_.buckets.size(), bucket_event{});
     for (std::size_t b = 0; b < next_launch_; ++b) {
@@ -322,6 +347,11 @@ class data_parallel {
     };
     timeline_[last].launched_us = micros(clock::now() - step_start_);
     note(last, reduce_inline(last));
+    if (flag_issued_) {
+      status st = flag_slot_.w.wait(opts_.timeout);
+      if (!st.ok() && first.ok()) first = status(st.code(), "data_parallel: allreduce of the ranks still training: " + st.message());
+      active_ranks_ = static_cast<int>(*flag_);
+    }
     // Issue order is completion order (one queue), so these are done or nearly.
     for (std::size_t b = 0; b < last; ++b) {
       status st = slots_[b].w.wait(opts_.timeout);
@@ -343,6 +373,55 @@ class data_parallel {
   const std::vector<bucket_event>& timeline() const noexcept { return timeline_; }
   /// When synchronize() was called (backward finished), same clock as timeline().
   double backward_end_us() const noexcept { return backward_end_us_; }
+
+  /// dp_options::uneven_inputs: ranks that still had a batch at the last
+  /// synchronize() (this one included).
+  int active_ranks() const noexcept { return active_ranks_; }
+
+  /// dp_options::uneven_inputs (PyTorch's Join): call once this rank has no
+  /// batch left, with the sync on. Until every rank has called it, takes part
+  /// in each step the others still synchronize: contributes zero gradients
+  /// to their bucket allreduces, then calls after_step() with the averaged
+  /// gradients in place (run the optimiser step there, as the others do, and
+  /// this rank stays bitwise equal to them). Returns how many such steps it
+  /// joined. Errors: errc::invalid_argument without uneven_inputs or with
+  /// the sync off; a failed collective, as synchronize().
+  template <class AfterStep>
+  result<std::size_t> join(AfterStep&& after_step) {
+    if (!flag_ || deferred_)
+      return make_error(errc::invalid_argument, "data_parallel::join() needs dp_options::uneven_inputs%s",
+                        deferred_ ? " and no sharded_optimizer" : "");
+    if (!sync_) return make_error(errc::invalid_argument, "data_parallel::join() with the sync off (no_sync)");
+    if (!broken_.ok()) return broken_;
+    std::size_t joined = 0;
+    if (size() == 1 || plan_.buckets.empty()) return joined;  // the others' steps communicate nothing
+    for (;;) {
+      float still = 0.0f;  // this rank no longer trains
+      if (status st = comm_->allreduce(&still, 1, reduce_op::sum); !st.ok()) {
+        broken_ = status(st.code(), "data_parallel::join(): allreduce of the ranks still training: " + st.message());
+        return broken_;
+      }
+      if (still == 0.0f) return joined;  // every rank has joined
+      // One step of the others': every bucket, in their order, from zeros.
+      store_.zero();
+      const std::size_t last = plan_.buckets.size() - 1;
+      for (next_launch_ = 0; next_launch_ < last; ++next_launch_) launch(next_launch_);
+      status first = reduce_inline(last);
+      for (std::size_t b = 0; b < last; ++b) {
+        status st = slots_[b].w.wait(opts_.timeout);
+        if (st.ok()) unpack(b);
+        else if (first.ok()) first = st;
+      }
+      reset_step();
+      if (!first.ok()) {
+        broken_ = status(first.code(), "data_parallel::join(): " + first.message());
+        return broken_;
+      }
+      active_ranks_ = static_cast<int>(still);
+      after_step();
+      ++joined;
+    }
+  }
 
  private:
   struct slot {
@@ -380,6 +459,7 @@ class data_parallel {
     mix(opts_.first_bucket_cap_bytes);
     mix(opts_.split_bytes);
     mix(static_cast<std::uint64_t>(opts_.compression));
+    mix(opts_.uneven_inputs ? 1 : 0);
     if (size() == 1) return {};
     std::uint64_t lo = h, hi = h;
     CCLITE_TRY(comm_->allreduce(&lo, 1, reduce_op::min));
@@ -387,10 +467,10 @@ class data_parallel {
     if (lo != hi) {
       return make_error(errc::mismatch,
                         "data_parallel: rank %d registered %zu parameters (%zu values) with bucket caps "
-                        "%zu/%zu bytes and compression %s, and some other rank registered different ones; "
-                        "every rank must build the same model with the same options",
+                        "%zu/%zu bytes, compression %s and uneven_inputs %s, and some other rank registered "
+                        "different ones; every rank must build the same model with the same options",
                         rank(), params_.size(), total_values(), opts_.first_bucket_cap_bytes,
-                        opts_.bucket_cap_bytes, to_string(opts_.compression));
+                        opts_.bucket_cap_bytes, to_string(opts_.compression), opts_.uneven_inputs ? "on" : "off");
     }
     return {};
   }
@@ -464,6 +544,16 @@ class data_parallel {
     std::fill(cursor_.begin(), cursor_.end(), std::size_t{0});
     next_launch_ = 0;
     marked_ = 0;
+    flag_issued_ = false;
+  }
+
+  // dp_options::uneven_inputs: the step's first collective says this rank
+  // still trains (join() sends 0 in its place).
+  void issue_flag() {
+    if (!flag_ || flag_issued_) return;
+    *flag_ = 1.0f;
+    flag_slot_.w = comm_->allreduce_async(flag_.get(), 1, reduce_op::sum);
+    flag_issued_ = true;
   }
 
   // The last bucket is left to synchronize(): it completes when backward
@@ -505,7 +595,9 @@ class data_parallel {
   // Outstanding allreduces write into the gradients: they must finish before they go.
   void drain() noexcept {
     for (std::size_t b = 0; b < next_launch_ && b < slots_.size(); ++b) (void)slots_[b].w.wait(milliseconds(-1));
+    if (flag_issued_) (void)flag_slot_.w.wait(milliseconds(-1));
     next_launch_ = 0;
+    flag_issued_ = false;
   }
 
   Comm* comm_ = nullptr;
@@ -520,6 +612,10 @@ class data_parallel {
   std::vector<std::size_t> cursor_;     // per parameter: elements [0, cursor) marked this step
   std::size_t next_launch_ = 0;  // buckets [0, next_launch_) are issued this step
   std::size_t marked_ = 0;       // grad_ready calls that counted this step
+  std::unique_ptr<float> flag_;  // uneven_inputs: 1 while training (stable address for the async allreduce)
+  slot flag_slot_;
+  bool flag_issued_ = false;
+  int active_ranks_ = 0;
   bool sync_ = true;
   bool deferred_ = false;  // defer_reduction()
   status broken_;
