@@ -93,47 +93,12 @@
 #include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/train/bucket_plan.hpp>
+#include <cclite/train/dp_options.hpp>
 #include <cclite/train/grad_compression.hpp>
 #include <cclite/train/grad_storage.hpp>
 #include <cclite/train/parameter.hpp>
 
 namespace cclite::train {
-
-/// Knobs of data_parallel.
-struct dp_options {
-  /// Largest bucket, in bytes of gradient (DDP's bucket_cap_mb = 25).
-  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
-  /// Cap of the first bucket (the last layers' gradients), small so the first
-  /// allreduce starts early (DDP: 1 MiB).
-  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
-  /// Bounds each wait in synchronize(); -2 = CCLITE_TIMEOUT (default 30 min).
-  milliseconds timeout{-2};
-  /// Broadcast rank 0's parameter values in create() (DDP always does).
-  bool broadcast_parameters = true;
-  /// 0: never split a parameter. Else a parameter larger than this is cut into
-  /// ceil(bytes / split_bytes) equal pieces with a bucket each, for a model
-  /// that reports its gradient in blocks (grad_ready(p, begin, end);
-  /// mlp::set_grad_blocks): the first layer's weight gradient, which backward
-  /// finishes last, is then reduced block by block while the next block is
-  /// computed, instead of all of it after backward.
-  std::size_t split_bytes = 0;
-  /// Keep the gradients in memory every rank of the node maps
-  /// (communicator::alloc_shared), so that backward writes them where the
-  /// allreduce reads them and no staging copy is made; used when the
-  /// communicator offers it and all ranks share one node, else ordinary
-  /// memory (the results are the same either way).
-  bool shared_gradients = true;
-  /// Send the gradients as fp16 or bf16 (grad_compression.hpp): half the
-  /// bytes, for links between nodes; a small, bounded loss of precision.
-  /// With compression the gradients stay in ordinary memory (the window
-  /// would not be what is reduced). errc::unsupported for device gradients.
-  grad_compression compression = grad_compression::none;
-  /// Ranks may have different numbers of steps: each synchronizing step also
-  /// allreduces one float (which ranks still train), and a rank out of
-  /// batches calls join(). Every rank must set it alike. Not with
-  /// sharded_optimizer, nor in device memory (errc::unsupported).
-  bool uneven_inputs = false;
-};
 
 template <class Comm>
 class data_parallel {
@@ -334,29 +299,20 @@ class data_parallel {
     // Buckets not issued yet (the last one, and any whose parameters were not
     // all used this step) go now, in order, so every rank issues the same
     // sequence; the last runs blocking, inline when the queue is idle.
-    const std::size_t last = plan_.buckets.size() - 1;
-    while (next_launch_ < last) {
-      timeline_[next_launch_].launched_us = micros(clock::now() - step_start_);
-      launch(next_launch_++);
-    }
     status first;
-    auto note = [&](std::size_t b, const status& st) {
-      if (!timeline_[b].done_before_backward_end) timeline_[b].finished_us = micros(clock::now() - step_start_);
-      if (!st.ok() && first.ok())
-        first = status(st.code(), "data_parallel: allreduce of bucket " + std::to_string(b) + ": " + st.message());
-    };
-    timeline_[last].launched_us = micros(clock::now() - step_start_);
-    note(last, reduce_inline(last));
+    finish_buckets([&](std::size_t b) { timeline_[b].launched_us = micros(clock::now() - step_start_); },
+                   [&](std::size_t b, const status& st) {
+                     if (!timeline_[b].done_before_backward_end)
+                       timeline_[b].finished_us = micros(clock::now() - step_start_);
+                     if (!st.ok() && first.ok())
+                       first = status(st.code(), "data_parallel: allreduce of bucket " + std::to_string(b) + ": " +
+                                                     st.message());
+                   });
     if (flag_issued_) {
       status st = flag_slot_.w.wait(opts_.timeout);
-      if (!st.ok() && first.ok()) first = status(st.code(), "data_parallel: allreduce of the ranks still training: " + st.message());
+      if (!st.ok() && first.ok())
+        first = status(st.code(), "data_parallel: allreduce of the ranks still training: " + st.message());
       active_ranks_ = static_cast<int>(*flag_);
-    }
-    // Issue order is completion order (one queue), so these are done or nearly.
-    for (std::size_t b = 0; b < last; ++b) {
-      status st = slots_[b].w.wait(opts_.timeout);
-      if (st.ok()) unpack(b);
-      note(b, st);
     }
     reset_step();
     if (!first.ok()) broken_ = first;
@@ -404,14 +360,10 @@ class data_parallel {
       if (still == 0.0f) return joined;  // every rank has joined
       // One step of the others': every bucket, in their order, from zeros.
       store_.zero();
-      const std::size_t last = plan_.buckets.size() - 1;
-      for (next_launch_ = 0; next_launch_ < last; ++next_launch_) launch(next_launch_);
-      status first = reduce_inline(last);
-      for (std::size_t b = 0; b < last; ++b) {
-        status st = slots_[b].w.wait(opts_.timeout);
-        if (st.ok()) unpack(b);
-        else if (first.ok()) first = st;
-      }
+      status first;
+      finish_buckets([](std::size_t) {}, [&](std::size_t, const status& st) {
+        if (!st.ok() && first.ok()) first = st;
+      });
       reset_step();
       if (!first.ok()) {
         broken_ = status(first.code(), "data_parallel::join(): " + first.message());
@@ -574,6 +526,27 @@ class data_parallel {
       }
     }
     slots_[b].w = comm_->allreduce_async(store_.grad() + bk.offset, bk.count, reduce_op::avg);
+  }
+
+  // The step's end: issues the buckets not issued yet, in order (on_launch(b)
+  // first), all but the last asynchronously; runs the last on the calling
+  // thread (inline when the queue is idle); waits for the others and unpacks
+  // them; outcome(b, status) for each bucket.
+  template <class OnLaunch, class Outcome>
+  void finish_buckets(OnLaunch&& on_launch, Outcome&& outcome) {
+    const std::size_t last = plan_.buckets.size() - 1;
+    for (; next_launch_ < last; ++next_launch_) {
+      on_launch(next_launch_);
+      launch(next_launch_);
+    }
+    on_launch(last);
+    outcome(last, reduce_inline(last));
+    // Issue order is completion order (one queue), so these are done or nearly.
+    for (std::size_t b = 0; b < last; ++b) {
+      status st = slots_[b].w.wait(opts_.timeout);
+      if (st.ok()) unpack(b);
+      outcome(b, st);
+    }
   }
 
   // Bucket b reduced on the calling thread (synchronize()'s last one).

@@ -3,7 +3,8 @@
 // <cclite/cclite.hpp> for the communicator.
 //
 //   data_parallel.hpp  parameter broadcast, gradient buckets allreduced while
-//                      backward runs, no_sync accumulation
+//                      backward runs, no_sync accumulation, uneven inputs (join)
+//   dp_options.hpp     its options (bucket caps, shared window, compression, ...)
 //   grad_compression.hpp  gradients sent as fp16 / bf16 (DDP's compress hooks)
 //   sharded_optimizer.hpp  the optimiser step sharded over a node's ranks and
 //                      fused with the gradient reduction (ZeRO-1 on shared memory)
@@ -20,6 +21,7 @@
 #include <cclite/train/bucket_plan.hpp>
 #include <cclite/train/checkpoint.hpp>
 #include <cclite/train/data_parallel.hpp>
+#include <cclite/train/dp_options.hpp>
 #include <cclite/train/grad_compression.hpp>
 #include <cclite/train/gemm.hpp>
 #include <cclite/train/layers.hpp>
