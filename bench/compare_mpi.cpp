@@ -61,6 +61,9 @@ MPI_Op mpi_op(cclite::reduce_op op) {
     case reduce_op::prod: return MPI_PROD;
     case reduce_op::min: return MPI_MIN;
     case reduce_op::max: return MPI_MAX;
+    case reduce_op::band: return MPI_BAND;
+    case reduce_op::bor: return MPI_BOR;
+    case reduce_op::bxor: return MPI_BXOR;
     default: return MPI_SUM;  // sum, and avg (divided afterwards)
   }
 }

@@ -88,7 +88,8 @@ call draw(std::mt19937_64& g, int n) {
   call c;
   c.what = static_cast<coll>(g() % static_cast<unsigned>(coll::count_));
   c.t = static_cast<dtype>(g() % dtype_count);
-  c.op = static_cast<reduce_op>(g() % reduce_op_count);
+  do c.op = static_cast<reduce_op>(g() % reduce_op_count);
+  while (!applies_to(c.op, c.t));  // bitwise ops: integer dtypes only
   static const std::size_t fixed[] = {0, 1, 7, 1023, 1024, 1025, 4099, 40009};
   c.count = g() % 3 == 0 ? g() % 20000 : fixed[g() % 8];
   c.root = static_cast<int>(g() % static_cast<unsigned>(n));

@@ -99,9 +99,16 @@ int check_one(default_communicator& c, std::size_t count, reduce_op op, bool in_
 template <class T>
 int check_dtype(default_communicator& c, const std::vector<std::size_t>& counts) {
   int bad = 0;
-  for (int op = 0; op < reduce_op_count; ++op)
+  for (int op = 0; op < reduce_op_count; ++op) {
+    if (!applies_to(static_cast<reduce_op>(op), dtype_of_v<T>)) {
+      // A bitwise op on a floating dtype: refused here, before anything is sent.
+      T x{};
+      bad += c.allreduce(&x, 1, static_cast<reduce_op>(op)).code() != errc::invalid_argument;
+      continue;
+    }
     for (std::size_t n : counts)
       for (bool in_place : {false, true}) bad += check_one<T>(c, n, static_cast<reduce_op>(op), in_place);
+  }
   return bad;
 }
 

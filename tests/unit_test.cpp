@@ -63,6 +63,10 @@ TEST_CASE("reduction kernels: every dtype and op against scalar arithmetic") {
     for (int o = 0; o < reduce_op_count; ++o) {
       auto op = static_cast<reduce_op>(o);
       reduction r = reduction_for(dtype_of_v<T>, op);
+      if (!applies_to(op, dtype_of_v<T>)) {  // a bitwise op on a floating dtype
+        REQUIRE_FALSE(static_cast<bool>(r.inplace));
+        continue;
+      }
       REQUIRE(static_cast<bool>(r.inplace));
       r.copy2(out.data(), out2.data(), a.data(), b.data(), n);
       std::vector<T> inpl = a;
@@ -73,6 +77,10 @@ TEST_CASE("reduction kernels: every dtype and op against scalar arithmetic") {
           case reduce_op::sum: case reduce_op::avg: want = static_cast<T>(x + y); break;
           case reduce_op::prod: want = static_cast<T>(x * y); break;
           case reduce_op::min: want = y < x ? y : x; break;
+          case reduce_op::band: case reduce_op::bor: case reduce_op::bxor:
+            if constexpr (std::is_integral_v<T>)
+              want = static_cast<T>(op == reduce_op::band ? (x & y) : op == reduce_op::bor ? (x | y) : (x ^ y));
+            break;
           default: want = x < y ? y : x; break;
         }
         REQUIRE(out[i] == want);
@@ -150,6 +158,7 @@ TEST_CASE("reduction kernels: the x86 float16/bfloat16 kernels give the portable
     };
     for (int o = 0; o < reduce_op_count; ++o) {
       const auto op = static_cast<reduce_op>(o);
+      if (!applies_to(op, t)) continue;  // bitwise: integer dtypes only
       const reduction fast = reduction_for(t, op);
       const bool picked = fast.inplace == (op == reduce_op::prod  ? &detail::x86::reduce_inplace<T, reduce_op::prod>
                                            : op == reduce_op::min ? &detail::x86::reduce_inplace<T, reduce_op::min>

@@ -63,7 +63,7 @@ inline cclite::result<perf_args> parse_perf_args(int argc, char** argv, const ch
   auto usage = [&](const char* why) {
     return make_error(errc::invalid_argument,
                       "%s: %s\nusage: %s [-b minbytes] [-e maxbytes] [-f factor | -i stepbytes] "
-                      "[-n iters] [-w warmup] [-c 0|1] [-d dtype] [-o sum|prod|min|max|avg] "
+                      "[-n iters] [-w warmup] [-c 0|1] [-d dtype] [-o sum|prod|min|max|avg|band|bor|bxor] "
                       "[-J file.json]",
                       prog, why, prog);
   };
@@ -105,6 +105,7 @@ inline cclite::result<perf_args> parse_perf_args(int argc, char** argv, const ch
       return usage(("unknown flag " + f).c_str());
     }
   }
+  if (!cclite::applies_to(a.op, a.type)) return usage("-o band, bor and bxor take an integer -d");
   std::size_t esz = cclite::size_of(a.type);
   if (a.min_bytes < esz) a.min_bytes = esz;
   if (a.max_bytes < a.min_bytes) return usage("-e is smaller than -b");

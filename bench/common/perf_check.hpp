@@ -32,6 +32,14 @@ double to_double(T v) {
 }
 
 inline double expected(reduce_op op, int n, std::size_t i) {
+  if (is_bitwise(op)) {  // integer dtypes only (perf_args refuses the others)
+    long long bits = static_cast<long long>(input(0, i));
+    for (int r = 1; r < n; ++r) {
+      const long long x = static_cast<long long>(input(r, i));
+      bits = op == reduce_op::band ? bits & x : op == reduce_op::bor ? bits | x : bits ^ x;
+    }
+    return static_cast<double>(bits);
+  }
   double acc = input(0, i);
   for (int r = 1; r < n; ++r) {
     double x = input(r, i);
@@ -40,6 +48,7 @@ inline double expected(reduce_op op, int n, std::size_t i) {
       case reduce_op::prod: acc *= x; break;
       case reduce_op::min: acc = std::min(acc, x); break;
       case reduce_op::max: acc = std::max(acc, x); break;
+      default: break;  // bitwise: above
     }
   }
   return op == reduce_op::avg ? acc / n : acc;

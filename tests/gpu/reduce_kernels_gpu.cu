@@ -100,6 +100,13 @@ int main() {
     bool ok = true;
     for (int oi = 0; oi < cc::reduce_op_count; ++oi) {
       const auto op = static_cast<cc::reduce_op>(oi);
+      if (!cc::applies_to(op, t)) {  // a bitwise op on a floating dtype: refused, nothing launched
+        if (cc::cuda::reduce(d_o, d_a, d_b, n, t, op, 0, s) != cudaErrorInvalidValue) {
+          ok = false;
+          line += std::string(" ") + cc::to_string(op) + ":not refused";
+        }
+        continue;
+      }
       std::size_t wrong = 0;
       for (std::size_t offset : {std::size_t(0), std::size_t(1)}) {
         for (bool in_place : {false, true}) wrong += check_case(t, op, n, offset, in_place, d_a, d_b, d_o, s);

@@ -125,6 +125,9 @@ inline status validate(const op_desc& d, int size) {
                        d.kind == collective_kind::reduce_scatter;
   if (reduces && !is_valid(d.op))
     return make_error(errc::invalid_argument, "%s: invalid reduce_op %d", name, static_cast<int>(d.op));
+  if (reduces && !applies_to(d.op, d.type))
+    return make_error(errc::invalid_argument, "%s: %s takes integer dtypes, not %s", name, to_string(d.op),
+                      to_string(d.type));
   const bool rooted = d.kind == collective_kind::broadcast || d.kind == collective_kind::reduce ||
                       d.kind == collective_kind::gather || d.kind == collective_kind::scatter;
   const bool p2p = d.kind == collective_kind::send || d.kind == collective_kind::recv ||

@@ -24,9 +24,12 @@ enum class reduce_op : std::uint8_t {
   prod,
   min,
   max,
-  avg,  ///< sum divided by the number of ranks (integers: truncating division)
+  avg,   ///< sum divided by the number of ranks (integers: truncating division)
+  band,  ///< bitwise and: integer dtypes only (MPI_BAND, torch's ReduceOp.BAND)
+  bor,   ///< bitwise or: integer dtypes only
+  bxor,  ///< bitwise exclusive or: integer dtypes only
 };
-inline constexpr int reduce_op_count = 5;
+inline constexpr int reduce_op_count = 8;
 
 inline constexpr std::size_t size_of(dtype t) noexcept {
   switch (t) {
@@ -61,6 +64,9 @@ inline constexpr const char* to_string(reduce_op op) noexcept {
     case reduce_op::min: return "min";
     case reduce_op::max: return "max";
     case reduce_op::avg: return "avg";
+    case reduce_op::band: return "band";
+    case reduce_op::bor: return "bor";
+    case reduce_op::bxor: return "bxor";
   }
   return "?";
 }
@@ -68,6 +74,16 @@ inline constexpr const char* to_string(reduce_op op) noexcept {
 inline constexpr bool is_valid(dtype t) noexcept { return static_cast<int>(t) < dtype_count; }
 inline constexpr bool is_valid(reduce_op op) noexcept {
   return static_cast<int>(op) < reduce_op_count;
+}
+inline constexpr bool is_bitwise(reduce_op op) noexcept {
+  return op == reduce_op::band || op == reduce_op::bor || op == reduce_op::bxor;
+}
+inline constexpr bool is_floating(dtype t) noexcept {
+  return t == dtype::float16 || t == dtype::bfloat16 || t == dtype::float32 || t == dtype::float64;
+}
+/// Whether `op` reduces `t`: the bitwise ops take integer dtypes only.
+inline constexpr bool applies_to(reduce_op op, dtype t) noexcept {
+  return is_valid(op) && is_valid(t) && !(is_bitwise(op) && is_floating(t));
 }
 
 /// IEEE 754 binary16, stored as bits.

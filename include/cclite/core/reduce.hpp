@@ -73,13 +73,22 @@ reduction make_reduction(reduce_op op) noexcept {
       r.needs_divide = true;
       return r;
     }
+    case reduce_op::band:
+    case reduce_op::bor:
+    case reduce_op::bxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == reduce_op::band) return make_reduction<T, reduce_op::band>();
+        if (op == reduce_op::bor) return make_reduction<T, reduce_op::bor>();
+        return make_reduction<T, reduce_op::bxor>();
+      }
+      return {};  // floating dtypes: no bits to combine (validate() says so)
   }
   return {};
 }
 }  // namespace detail
 
 /// The kernels for (t, op). Returns an empty table (inplace == nullptr) for an
-/// invalid dtype or op; callers turn that into errc::invalid_argument.
+/// invalid dtype or op, or a bitwise op on a floating dtype; callers turn that into errc::invalid_argument.
 inline reduction reduction_for(dtype t, reduce_op op) noexcept {
   if (!is_valid(op)) return {};
   switch (t) {

@@ -58,8 +58,13 @@ inline C apply(C a, C b) noexcept {
     }
   } else if constexpr (Op == reduce_op::min) {
     return b < a ? b : a;
-  } else {
+  } else if constexpr (Op == reduce_op::max) {
     return a < b ? b : a;
+  } else {
+    static_assert(std::is_integral_v<C>, "bitwise ops take integer dtypes");
+    if constexpr (Op == reduce_op::band) return static_cast<C>(a & b);
+    else if constexpr (Op == reduce_op::bor) return static_cast<C>(a | b);
+    else return static_cast<C>(a ^ b);
   }
 }
 

@@ -87,8 +87,14 @@ __device__ __forceinline__ C apply(C a, C b) {
     }
   } else if constexpr (Op == reduce_op::min) {
     return b < a ? b : a;
-  } else {
+  } else if constexpr (Op == reduce_op::max) {
     return a < b ? b : a;
+  } else if constexpr (std::is_integral_v<C>) {  // bitwise: integer dtypes only
+    if constexpr (Op == reduce_op::band) return static_cast<C>(a & b);
+    else if constexpr (Op == reduce_op::bor) return static_cast<C>(a | b);
+    else return static_cast<C>(a ^ b);
+  } else {
+    return a;  // not launched: reduce() refuses bitwise ops on floating dtypes
   }
 }
 
@@ -214,6 +220,15 @@ cudaError_t launch(reduce_op op, void* out, const void* a, const void* b, std::s
     case reduce_op::prod: return launch<T, reduce_op::prod>(out, a, b, n, 0, stream);
     case reduce_op::min: return launch<T, reduce_op::min>(out, a, b, n, 0, stream);
     case reduce_op::max: return launch<T, reduce_op::max>(out, a, b, n, 0, stream);
+    case reduce_op::band:
+    case reduce_op::bor:
+    case reduce_op::bxor:
+      if constexpr (std::is_integral_v<T>) {
+        if (op == reduce_op::band) return launch<T, reduce_op::band>(out, a, b, n, 0, stream);
+        if (op == reduce_op::bor) return launch<T, reduce_op::bor>(out, a, b, n, 0, stream);
+        return launch<T, reduce_op::bxor>(out, a, b, n, 0, stream);
+      }
+      return cudaErrorInvalidValue;
   }
   return cudaErrorInvalidValue;
 }
@@ -228,7 +243,7 @@ cudaError_t launch(reduce_op op, void* out, const void* a, const void* b, std::s
 inline cudaError_t reduce(void* out, const void* a, const void* b, std::size_t count, dtype t,
                           reduce_op op, int avg_divisor, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  if (!out || !a || !b) return cudaErrorInvalidValue;
+  if (!out || !a || !b || !applies_to(op, t)) return cudaErrorInvalidValue;
   const int div = op == reduce_op::avg ? avg_divisor : 0;
   switch (t) {
     case dtype::int8: return detail::launch<std::int8_t>(op, out, a, b, count, div, stream);

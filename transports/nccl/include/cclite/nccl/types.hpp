@@ -58,6 +58,11 @@ inline result<ncclRedOp_t> to_nccl(reduce_op op) {
     case reduce_op::min: return ncclMin;
     case reduce_op::max: return ncclMax;
     case reduce_op::avg: return ncclAvg;
+    case reduce_op::band:
+    case reduce_op::bor:
+    case reduce_op::bxor:
+      return make_error(errc::unsupported, "NCCL has no bitwise reduction (%s); use the native GPU backend "
+                        "(CCLITE_GPU_BACKEND=native) or host memory", to_string(op));
   }
   return make_error(errc::invalid_argument, "reduce_op %d is not a cclite op", static_cast<int>(op));
 }
