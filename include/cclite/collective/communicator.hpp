@@ -358,6 +358,34 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     CCLITE_TRY(hold_links(hold, deadline::after(timeout_)));
     return make_child(ranks, where, std::move(opts), false);
   }
+
+  /// A new communicator of the ranks not in `exclude`, numbered in their
+  /// order here (NCCL's ncclCommShrink, MPI's MPI_Comm_shrink): after a
+  /// peer_lost naming rank 3, the others call shrink({3}) and go on without
+  /// it. Works on a failed communicator: it meets the others through the
+  /// store, not through this communicator's links, and connects afresh
+  /// (opts as for create(); opts.store_prefix is ignored). Every remaining
+  /// rank must pass the same list; a rank that disagrees waits for a
+  /// different group until the timeout. The store must still be up: a TCP
+  /// store hosted by an excluded rank (rank 0 under cclite-run, torchrun
+  /// and mpirun) is gone with it, and the call fails with its error.
+  /// Errors: invalid_argument (this rank excluded, a rank out of range, no
+  /// rank left); those of create().
+  result<std::unique_ptr<communicator>> shrink(std::vector<int> exclude, comm_options opts = {}) {
+    std::sort(exclude.begin(), exclude.end());
+    exclude.erase(std::unique(exclude.begin(), exclude.end()), exclude.end());
+    std::string list;
+    for (int r : exclude) {
+      if (r < 0 || r >= size_) return make_error(errc::invalid_argument, "shrink: rank %d out of range [0, %d)", r, size_);
+      if (r == rank_) return make_error(errc::invalid_argument, "shrink: rank %d excludes itself", r);
+      list += (list.empty() ? "" : ".") + std::to_string(r);
+    }
+    const int new_size = size_ - static_cast<int>(exclude.size());
+    const int new_rank = rank_ - static_cast<int>(std::lower_bound(exclude.begin(), exclude.end(), rank_) - exclude.begin());
+    // The list is part of the meeting place, so ranks that disagree do not mix.
+    opts.store_prefix = prefix_ + "shrink" + std::to_string(++shrinks_) + "-" + (list.empty() ? "none" : list);
+    return create(core::user_kv_, new_rank, new_size, std::move(opts));
+  }
 CCLITE_SETUP_CODE_END
 
   /// Memory every local rank maps, a peer's copy of it, and its release: see comm_shared.hpp.
@@ -512,6 +540,7 @@ CCLITE_SETUP_CODE_END
   }
 
   int splits_ = 0;
+  int shrinks_ = 0;
   detail::call_group group_;  // the open group's calls
   device_hook* device_ = nullptr;  // set_device_hook()
   // Reused between calls so that steady-state collectives do not allocate.
