@@ -1,7 +1,7 @@
 // communicator::shrink(): the ranks left after a loss build a new
 // communicator without it and go on (NCCL's ncclCommShrink, MPI_Comm_shrink).
-// Real processes over a file store (it outlives any rank), over shared memory
-// and over TCP: one rank is killed mid-collective, the survivors see
+// Real processes over a file store (it outlives any rank), over shared memory,
+// over TCP and on two fake nodes (both): one rank is killed mid-collective, the survivors see
 // peer_lost, shrink it out and run collectives with their new ranks; the
 // same on a healthy communicator; bad lists are refused.
 #include <cclite/cclite.hpp>
@@ -50,7 +50,7 @@ int exercise(default_communicator& c, int n, int me, int old_rank) {
 }  // namespace
 
 TEST_CASE("shrink: after a rank is killed mid-collective, the others shrink it out and go on") {
-  for (net n : {net::shm_only, net::tcp_only}) {
+  for (net n : {net::shm_only, net::tcp_only, net::mixed}) {  // mixed: two fake nodes, shm inside, tcp between
     test::temp_dir dir;
     auto r = test::run_ranks(
         4,
