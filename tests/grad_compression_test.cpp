@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "support/comm.hpp"
+#include "support/grad_fixture.hpp"
 #include "support/mp.hpp"
 
 using namespace cclite;
@@ -38,23 +39,11 @@ namespace train = cclite::train;
 
 namespace {
 
-// Registration order (forward's); backward produces them in reverse. No
-// module names ("fc1.weight"), so that the bucket caps alone decide: [b2],
-// [w2 b1], [w1].
-struct shape {
-  const char* name;
-  std::size_t size;
-};
-const shape model[] = {{"w1", 6000}, {"b1", 60}, {"w2", 1200}, {"b2", 20}};
-
 // Rank r's gradient element i at step s: signs mixed, magnitudes spread over
 // 2^-10 .. 2^8 (inside fp16's normal range after dividing by N <= 4, apart
 // from rare values near zero), so both roundings are exercised.
 float grad_value(int step, int rank, std::size_t i) {
-  std::uint64_t x = (static_cast<std::uint64_t>(step) << 48) ^ (static_cast<std::uint64_t>(rank) << 32) ^ i;
-  x = (x ^ (x >> 33)) * 0xff51afd7ed558ccdull;
-  x = (x ^ (x >> 33)) * 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
+  const std::uint64_t x = test::grad_bits(step, rank, i);
   const double unit = static_cast<double>(x >> 11) / 9007199254740992.0;  // [0, 1)
   const int e = static_cast<int>((x >> 3) % 19) - 10;
   return static_cast<float>((unit * 2 - 1) * std::ldexp(1.0, e));
@@ -69,16 +58,10 @@ bool representable(float v, train::grad_compression c) {
   return to_float(to_half(v)) == v;
 }
 
-std::uint64_t fnv(const float* p, std::size_t n, std::uint64_t h) {
-  const auto* b = reinterpret_cast<const std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 int check_rank(default_communicator& comm, train::grad_compression c) {
   const int rank = comm.rank(), n = comm.size();
   std::vector<train::parameter> params;
-  for (const shape& s : model) params.emplace_back(s.name, s.size);
+  for (const auto& s : test::toy_model) params.emplace_back(s.name, s.size);
   train::parameter_list list;
   for (auto& p : params) list.push_back(&p);
   train::dp_options o;
@@ -132,11 +115,8 @@ int check_rank(default_communicator& comm, train::grad_compression c) {
       }
     }
     std::uint64_t h = 1469598103934665603ull;
-    for (auto& p : params) h = fnv(p.grad(), p.size(), h);
-    std::uint64_t lo = h, hi = h;
-    MP_REQUIRE_OK(comm.allreduce(&lo, 1, reduce_op::min));
-    MP_REQUIRE_OK(comm.allreduce(&hi, 1, reduce_op::max));
-    MP_CHECK(lo == hi);
+    for (auto& p : params) h = test::fnv_floats(p.grad(), p.size(), h);
+    MP_CHECK(test::same_on_all_ranks(comm, h));
   }
   MP_CHECK(rounded);  // some element is not the fp32 mean: the 16-bit path ran
   if (rank == 0)

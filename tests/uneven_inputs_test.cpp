@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "support/comm.hpp"
+#include "support/grad_fixture.hpp"
 #include "support/mp.hpp"
 
 using namespace cclite;
@@ -36,19 +37,9 @@ namespace train = cclite::train;
 
 namespace {
 
-struct shape {
-  const char* name;
-  std::size_t size;
-};
-// Three buckets with the caps below: [b2], [w2 b1] asynchronous, [w1] inline.
-const shape model[] = {{"w1", 6000}, {"b1", 60}, {"w2", 1200}, {"b2", 20}};
-
 // Rank r's gradient element i at step s: an integer in [-64, 64].
 float grad_value(int step, int rank, std::size_t i) {
-  std::uint64_t x = (static_cast<std::uint64_t>(step) << 48) ^ (static_cast<std::uint64_t>(rank) << 32) ^ i;
-  x = (x ^ (x >> 33)) * 0xff51afd7ed558ccdull;
-  x ^= x >> 29;
-  return static_cast<float>(static_cast<int>(x % 129) - 64);
+  return static_cast<float>(static_cast<int>(test::grad_bits(step, rank, i) % 129) - 64);
 }
 
 enum class variant { window, ordinary, bf16, accumulate };
@@ -63,16 +54,10 @@ const char* name_of(variant v) {
   return "?";
 }
 
-std::uint64_t fnv(const float* p, std::size_t n, std::uint64_t h) {
-  const auto* b = reinterpret_cast<const std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 int check_rank(default_communicator& comm, const std::vector<int>& steps, variant v) {
   const int rank = comm.rank(), n = comm.size();
   std::vector<train::parameter> params;
-  for (const shape& s : model) params.emplace_back(s.name, s.size);
+  for (const auto& s : test::toy_model) params.emplace_back(s.name, s.size);
   train::parameter_list list;
   for (auto& p : params) list.push_back(&p);
   train::dp_options o;
@@ -161,11 +146,8 @@ int check_rank(default_communicator& comm, const std::vector<int>& steps, varian
 
   // Same optimiser steps on the same averages: the same values everywhere.
   std::uint64_t h = 1469598103934665603ull;
-  for (auto& p : params) h = fnv(p.value(), p.size(), h);
-  std::uint64_t lo = h, hi = h;
-  MP_REQUIRE_OK(comm.allreduce(&lo, 1, reduce_op::min));
-  MP_REQUIRE_OK(comm.allreduce(&hi, 1, reduce_op::max));
-  MP_CHECK(lo == hi);
+  for (auto& p : params) h = test::fnv_floats(p.value(), p.size(), h);
+  MP_CHECK(test::same_on_all_ranks(comm, h));
   // The job goes on normally afterwards: one more collective.
   std::uint64_t one = 1;
   MP_REQUIRE_OK(comm.allreduce(&one, 1, reduce_op::sum));
