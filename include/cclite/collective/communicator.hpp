@@ -369,8 +369,8 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// different group until the timeout. The store must still be up: a TCP
   /// store hosted by an excluded rank (rank 0 under cclite-run, torchrun
   /// and mpirun) is gone with it, and the call fails with its error.
-  /// Errors: invalid_argument (this rank excluded, a rank out of range, no
-  /// rank left); those of create().
+  /// Errors: invalid_argument (this rank excluded, a rank out of range);
+  /// those of create().
   result<std::unique_ptr<communicator>> shrink(std::vector<int> exclude, comm_options opts = {}) {
     std::sort(exclude.begin(), exclude.end());
     exclude.erase(std::unique(exclude.begin(), exclude.end()), exclude.end());

@@ -88,7 +88,8 @@ reduction make_reduction(reduce_op op) noexcept {
 }  // namespace detail
 
 /// The kernels for (t, op). Returns an empty table (inplace == nullptr) for an
-/// invalid dtype or op, or a bitwise op on a floating dtype; callers turn that into errc::invalid_argument.
+/// invalid dtype or op, or a bitwise op on a floating dtype; callers turn that
+/// into errc::invalid_argument.
 inline reduction reduction_for(dtype t, reduce_op op) noexcept {
   if (!is_valid(op)) return {};
   switch (t) {

@@ -124,7 +124,8 @@ class checkpoint {
   // ---- files ------------------------------------------------------------------------------
 
   /// The file's bytes (layout above), as save() writes them; sets checksum().
-  /// parse() of them gives back the same sections.
+  /// parse() of them gives back the same sections. Little-endian hosts only,
+  /// as save() (which refuses on a big-endian one).
   std::vector<std::uint8_t> serialize() {
     std::vector<std::uint8_t> payload;
     for (const auto& s : sections_) {
