@@ -660,8 +660,12 @@ TEST_CASE("launcher: --local-ranks-filter keeps the other ranks' output in their
   char tmpl[] = "/tmp/cclite-logs-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   const std::string base = tmpl;
+  // Rank 2 fails only once ranks 0 and 1 have written both lines: a failure
+  // stops the others, and a rank stopped before it wrote has nothing to show.
   launcher a({"--nproc-per-node", "3", "--log-dir", base, "--local-ranks-filter", "1", "/bin/sh", "-c",
-              "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2; [ $LOCAL_RANK = 2 ] && exit 3; sleep 0.5"});
+              "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2; touch " + base + "/wrote$LOCAL_RANK; "
+              "if [ $LOCAL_RANK = 2 ]; then while [ ! -e " + base + "/wrote0 ] || [ ! -e " + base +
+              "/wrote1 ]; do sleep 0.02; done; exit 3; fi; sleep 5"});
   auto ra = a.finish();
   INFO(ra.out << ra.err);
   CHECK(ra.status == 3);
