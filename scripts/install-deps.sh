@@ -32,4 +32,7 @@ $SUDO apt-get install -y -qq --no-install-recommends libibverbs-dev >/dev/null
 # tests/netns/ (ip netns, veth, bridge, tc; root only). Tests needing them are
 # skipped without them.
 $SUDO apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev iproute2 >/dev/null
+# python3-torch: a real torchrun for the torchrun launch test (tests/netns/torchrun_test.sh;
+# skipped without it). Large (~150 MB), and only the test uses it: cclite needs no Python.
+$SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
 echo "install-deps: done"

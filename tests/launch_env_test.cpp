@@ -89,6 +89,41 @@ TEST_CASE("torchrun / cclite-run") {
   CHECK(r->rdzv_port == 1234);
 }
 
+TEST_CASE("torchrun's agent store: TORCHELASTIC_USE_AGENT_STORE") {
+  env_map env{{"RANK", "1"},
+              {"WORLD_SIZE", "2"},
+              {"MASTER_ADDR", "127.0.0.1"},
+              {"MASTER_PORT", "29500"},
+              {"TORCHELASTIC_RUN_ID", "none"},
+              {"TORCHELASTIC_RESTART_COUNT", "2"}};
+  auto r = detect(env);
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK_FALSE(r->launcher_store);  // torch 1.x's c10d rendezvous: worker rank 0 hosts
+  CHECK(r->restart_count == 0);
+
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  CHECK_FALSE(detect(env)->launcher_store);
+
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";  // static rendezvous; c10d too from torch 2.4
+  r = detect(env);
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  CHECK(r->launcher_store);
+  CHECK(r->restart_count == 2);
+  CHECK(r->rdzv_host == "127.0.0.1");
+  CHECK(r->rdzv_port == 29500);
+
+  env["TORCHELASTIC_RESTART_COUNT"] = "-1";
+  CHECK(contains(error_of(env), "TORCHELASTIC_RESTART_COUNT='-1'"));
+  env.erase("TORCHELASTIC_RESTART_COUNT");
+  CHECK(detect(env)->restart_count == 0);
+
+  // An endpoint of cclite's own is the user's choice: rank 0 hosts there.
+  env["CCLITE_RDZV_ENDPOINT"] = "127.0.0.1:29411";
+  r = detect(env);
+  CHECK_FALSE(r->launcher_store);
+  CHECK(r->rdzv_port == 29411);
+}
+
 TEST_CASE("Open MPI") {
   auto r = detect(with(endpoint, {{"OMPI_COMM_WORLD_RANK", "15"},
                                   {"OMPI_COMM_WORLD_SIZE", "16"},

@@ -19,3 +19,11 @@ if(TARGET hello_allreduce)
   set_tests_properties(mpirun_launch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300 LABELS launch
     ENVIRONMENT "CCLITE_BIN_DIR=${CMAKE_RUNTIME_OUTPUT_DIRECTORY}")
 endif()
+
+# Debian's real torchrun (python3-torch) starting cclite programs: its agent's
+# store, --standalone, a restart, two simulated nodes (skipped without torchrun).
+if(TARGET hello_allreduce)
+  add_test(NAME torchrun_launch COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/torchrun_test.sh)
+  set_tests_properties(torchrun_launch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 400 LABELS launch
+    ENVIRONMENT "CCLITE_BIN_DIR=${CMAKE_RUNTIME_OUTPUT_DIRECTORY}")
+endif()

@@ -18,7 +18,9 @@
 // Local rank / size and node rank are hints; topology computes the truth.
 //
 // Rendezvous: CCLITE_RDZV_ENDPOINT=host:port ([v6addr]:port for IPv6), else
-// MASTER_ADDR + MASTER_PORT; CCLITE_RDZV_DIR (a directory every node mounts)
+// MASTER_ADDR + MASTER_PORT, where rank 0 hosts the store unless
+// TORCHELASTIC_USE_AGENT_STORE=True says torchrun's agent hosts one there
+// (launcher_store below); CCLITE_RDZV_DIR (a directory every node mounts)
 // is used when no endpoint is given. A job of one process needs neither, nor
 // does an Open MPI job whose ranks are all on one node
 // (OMPI_COMM_WORLD_LOCAL_SIZE = OMPI_COMM_WORLD_SIZE): its file store goes in
@@ -38,6 +40,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -68,6 +71,16 @@ struct launch_info {
   /// messages; empty otherwise.
   std::string rdzv_endpoint_from;
   std::string job_id;
+  /// The launcher hosts the store at rdzv_host:rdzv_port itself: torchrun's
+  /// agent runs a c10d TCPStore there and says so to its workers with
+  /// TORCHELASTIC_USE_AGENT_STORE=True (MASTER_ADDR/MASTER_PORT, not
+  /// CCLITE_RDZV_ENDPOINT). Every rank is then a client of it
+  /// (tcp/torch_store.hpp) and no rank hosts a store.
+  bool launcher_store = false;
+  /// TORCHELASTIC_RUN_ID's attempt, TORCHELASTIC_RESTART_COUNT (0 when unset):
+  /// the workers of a restart must not read the keys of the last attempt in
+  /// the launcher's store, which outlives them.
+  int restart_count = 0;
   /// The variables rank and size came from ("RANK/WORLD_SIZE"), for messages.
   std::string source;
 };
@@ -296,6 +309,10 @@ inline result<launch_info> detect_launch(const env_getter& get) {
       if (li.rdzv_host.size() > 2 && li.rdzv_host.front() == '[' && li.rdzv_host.back() == ']')
         li.rdzv_host = li.rdzv_host.substr(1, li.rdzv_host.size() - 2);
       CCLITE_TRY(detail::parse_port("MASTER_PORT", port, li.rdzv_port));
+      // torch writes str(True) / str(False).
+      const char* agent = env_value(get, "TORCHELASTIC_USE_AGENT_STORE");
+      li.launcher_store = agent && (std::strcmp(agent, "True") == 0 || std::strcmp(agent, "1") == 0);
+      if (li.launcher_store) CCLITE_TRY(detail::read_int(get, "TORCHELASTIC_RESTART_COUNT", 0, li.restart_count));
     } else if (nodes && li.size > 1 && (port || li.rdzv_dir.empty())) {
       // srun and no endpoint: meet on the step's first node, where srun puts task 0.
       li.rdzv_host = detail::slurm_first_host(nodes);

@@ -5,6 +5,9 @@
 //   - no endpoint but a directory (CCLITE_RDZV_DIR, or mpirun's session
 //     directory for a one-node Open MPI job: launch_env.hpp): a file_store in
 //     <dir>/<job id>;
+//   - torchrun's own store, when its agent hosts one at MASTER_ADDR:MASTER_PORT
+//     (TORCHELASTIC_USE_AGENT_STORE=True, launch_env.hpp): every rank connects a
+//     torch_store_client (torch_store.hpp) and no rank hosts a store;
 //   - otherwise TCP: rank 0 starts a store_server on the endpoint's port, and
 //     every rank, rank 0 included, connects a store_client to host:port. An
 //     endpoint no variable named (an srun job's first node and derived port,
@@ -45,6 +48,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -62,6 +66,7 @@
 #include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_client.hpp>
 #include <cclite/tcp/store_server.hpp>
+#include <cclite/tcp/torch_store.hpp>
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
@@ -198,6 +203,48 @@ inline status explain_endpoint(const launch_info& li, status s) {
                     li.rdzv_endpoint_from.c_str());
 }
 
+// Ranks compare job ids through the store (see the top): rank 0 writes its
+// own, the others wait for it and compare.
+inline status check_job_id(const launch_info& li, cclite::store& client, deadline until) {
+  const std::string job_key = "cclite/rdzv/job_id";
+  if (li.rank == 0) return client.set(job_key, li.job_id);
+  auto theirs = client.get(job_key, until);
+  if (!theirs) return theirs.error();
+  if (theirs.value() != li.job_id)
+    return make_error(errc::bootstrap_error,
+                      "cclite: the rendezvous store at %s:%u belongs to job '%s' but this rank is in job '%s'; "
+                      "is another job using that port? use the same CCLITE_RDZV_ID on every rank, or set "
+                      "CCLITE_RDZV_ENDPOINT / MASTER_PORT to a free port",
+                      li.rdzv_host.c_str(), unsigned(li.rdzv_port), proto::printable(theirs.value()).c_str(),
+                      li.job_id.c_str());
+  return {};
+}
+
+// torchrun's own store (launch_info::launcher_store): every rank a client,
+// keys under cclite/<job id>/attempt_<restart count>/. CCLITE_TORCH_STORE_PROTOCOL
+// (1: torch 1.x, 2: torch 2.x) names the dialect instead of probing for it.
+inline result<std::unique_ptr<torch_store_client>> open_launcher_store(const launch_info& li, deadline until,
+                                                                       milliseconds op_timeout) {
+  auto d = torch_store_client::dialect::unknown;
+  if (const char* v = std::getenv("CCLITE_TORCH_STORE_PROTOCOL"); v && *v) {
+    if (std::strcmp(v, "1") == 0)
+      d = torch_store_client::dialect::torch1;
+    else if (std::strcmp(v, "2") == 0)
+      d = torch_store_client::dialect::torch2;
+    else
+      return make_error(errc::invalid_argument,
+                        "CCLITE_TORCH_STORE_PROTOCOL='%s': 1 (torch 1.x's TCPStore) or 2 (torch 2.x's)", v);
+  }
+  auto c = torch_store_client::connect(li.rdzv_host, li.rdzv_port, until, op_timeout,
+                                       "cclite/" + li.job_id + "/attempt_" + std::to_string(li.restart_count) + "/",
+                                       d);
+  if (!c) return c.error();
+  logger lg(li.rank);
+  CCLITE_INFO(lg, "rendezvous through torchrun's store at %s (TORCHELASTIC_USE_AGENT_STORE=True, torch %d.x protocol)",
+              c.value()->endpoint().c_str(), static_cast<int>(c.value()->protocol()));
+  return c;
+}
+
 #if defined(CCLITE_NO_THREADS)
 // Forks the process that serves `s` from now on (see the top); this process
 // keeps its client, and `s` becomes its handle on the helper
@@ -277,6 +324,14 @@ inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, 
     return std::unique_ptr<cclite::store>(std::move(fs.value()));
   }
 
+  if (li.launcher_store) {
+    auto c = detail::open_launcher_store(li, until, op_timeout);
+    if (!c) return c.error();
+    std::unique_ptr<cclite::store> client = std::move(c.value());
+    CCLITE_TRY(detail::check_job_id(li, *client, until));
+    return {std::move(client)};
+  }
+
   const std::string token = rdzv_token_from_env();
   std::unique_ptr<store_server> server;
   if (li.rank == 0) {
@@ -309,21 +364,7 @@ inline result<std::unique_ptr<cclite::store>> open_store(const launch_info& li, 
   if (!c) return detail::explain_endpoint(li, c.error());
   std::unique_ptr<cclite::store> client = std::move(c.value());
 
-  const std::string job_key = "cclite/rdzv/job_id";
-  if (li.rank == 0) {
-    CCLITE_TRY(client->set(job_key, li.job_id));
-  } else {
-    auto theirs = client->get(job_key, until);
-    if (!theirs) return theirs.error();
-    if (theirs.value() != li.job_id)
-      return make_error(
-          errc::bootstrap_error,
-          "cclite: the rendezvous store at %s:%u belongs to job '%s' but this rank is in job '%s'; "
-          "is another job using that port? use the same CCLITE_RDZV_ID on every rank, or set "
-          "CCLITE_RDZV_ENDPOINT / MASTER_PORT to a free port",
-          li.rdzv_host.c_str(), unsigned(li.rdzv_port), proto::printable(theirs.value()).c_str(),
-          li.job_id.c_str());
-  }
+  CCLITE_TRY(detail::check_job_id(li, *client, until));
   if (!server) return {std::move(client)};
   if (hosted) {
     *hosted = std::move(server);

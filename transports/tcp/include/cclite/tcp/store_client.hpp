@@ -18,24 +18,15 @@
 // (set, get, wait, check) that find the connection broken retry once on a
 // fresh one, add never does.
 //
-// Plain non-blocking POSIX sockets (no Asio): the client is small enough to
-// compile into every program that calls cclite::init().
+// Plain non-blocking POSIX sockets (store_socket.hpp; no Asio): the client is
+// small enough to compile into every program that calls cclite::init().
 //
 // Thread safety: one thread at a time (as for every cclite::store).
 #pragma once
 
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +37,7 @@
 #include <cclite/core/status.hpp>
 #include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_protocol.hpp>
+#include <cclite/tcp/store_socket.hpp>
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
@@ -70,22 +62,18 @@ class store_client final : public cclite::store {
                                                        deadline until,
                                                        milliseconds op_timeout = default_store_op_timeout,
                                                        std::string token = {}, poll_hook hook = {}) {
-    std::string h = host;
-    if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-    std::unique_ptr<store_client> c(new store_client(std::move(h), port, op_timeout));
+    std::unique_ptr<store_client> c(new store_client(host, port, op_timeout, hook));
     c->token_ = std::move(token);
-    c->hook_ = hook;
     status st = c->connect_until(until);
     if (!st.ok()) return st;
     return {std::move(c)};
   }
 
-  ~store_client() override { close(); }
   store_client(const store_client&) = delete;
   store_client& operator=(const store_client&) = delete;
 
   /// "host:port" of the server, as used in messages.
-  const std::string& endpoint() const noexcept { return endpoint_; }
+  const std::string& endpoint() const noexcept { return sock_.endpoint(); }
 
   status set(const std::string& key, const std::string& value) override {
     CCLITE_TRY(check_args(key, value.size()));
@@ -94,7 +82,7 @@ class store_client final : public cclite::store {
     CCLITE_TRY(call(proto::op::set, key, value, 0, deadline::after(op_timeout_), true, rh, rv));
     if (rh.status != proto::reply_status::ok)
       return make_error(errc::resource_exhausted, "store set of key '%s' refused by %s: %s",
-                        proto::printable(key).c_str(), endpoint_.c_str(), rv.c_str());
+                        proto::printable(key).c_str(), endpoint().c_str(), rv.c_str());
     return {};
   }
 
@@ -113,7 +101,7 @@ class store_client final : public cclite::store {
         return make_error(errc::timeout,
                           "timed out after %lld ms waiting for key '%s' in the rendezvous store at %s; "
                           "did every rank start, with the same job id and endpoint?",
-                          elapsed_ms(t0), proto::printable(key).c_str(), endpoint_.c_str());
+                          elapsed_ms(t0), proto::printable(key).c_str(), endpoint().c_str());
     }
   }
 
@@ -161,11 +149,8 @@ class store_client final : public cclite::store {
   // server is noticed without waiting out a long (or never-ending) deadline.
   static constexpr milliseconds max_wait_chunk{30000};
 
-  store_client(std::string host, std::uint16_t port, milliseconds op_timeout)
-      : host_(std::move(host)), port_(port), op_timeout_(op_timeout) {
-    endpoint_ =
-        (host_.find(':') != std::string::npos ? "[" + host_ + "]" : host_) + ":" + std::to_string(port);
-  }
+  store_client(const std::string& host, std::uint16_t port, milliseconds op_timeout, poll_hook hook)
+      : sock_(host, port, "rank 0", hook), op_timeout_(op_timeout) {}
 
   milliseconds grace() const { return std::min(op_timeout_, milliseconds(30000)); }
   static long long elapsed_ms(clock::time_point t0) {
@@ -184,12 +169,12 @@ class store_client final : public cclite::store {
 
   status server_error(const std::string& key, const std::string& msg) const {
     return make_error(errc::invalid_argument, "rendezvous store at %s rejected key '%s': %s",
-                      endpoint_.c_str(), proto::printable(key).c_str(), proto::printable(msg, 400).c_str());
+                      endpoint().c_str(), proto::printable(key).c_str(), proto::printable(msg, 400).c_str());
   }
   status bad_reply(const char* what) {
     close();
     return make_error(errc::protocol_error, "malformed %s reply from the rendezvous store at %s", what,
-                      endpoint_.c_str());
+                      endpoint().c_str());
   }
 
   status wait_timeout(const std::vector<std::string>& keys, std::size_t first_missing, clock::time_point t0) {
@@ -209,77 +194,16 @@ class store_client final : public cclite::store {
         errc::timeout,
         "timed out after %lld ms waiting for %zu of %zu keys (%s) in the rendezvous store at %s; "
         "did every rank start, with the same job id and endpoint?",
-        elapsed_ms(t0), n, keys.size(), missing.c_str(), endpoint_.c_str());
+        elapsed_ms(t0), n, keys.size(), missing.c_str(), endpoint().c_str());
   }
 
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
+  void close() { sock_.close(); }
 
-  // poll() on fd (< 0: just sleep) for at most `ms`, or the hook (see connect).
-  short wait_fd(int fd, short events, int ms) {
-    if (hook_.wait) return hook_.wait(hook_.ctx, fd, events, ms);
-    pollfd p{fd, events, 0};
-    int r = ::poll(&p, fd >= 0 ? 1 : 0, ms);
-    return r > 0 ? p.revents : 0;
-  }
-
-  // One attempt over every address of host_, each connect bounded by `until`
-  // and 5 s. On failure `why` says what happened.
+  // One connection attempt over every address, with the job-token handshake.
   bool connect_once(deadline until, std::string& why) {
-    close();
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_socktype = SOCK_STREAM;
-    int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
-    if (rc != 0 || !res) {
-      why = "cannot resolve '" + host_ + "': " + ::gai_strerror(rc);
-      return false;
-    }
-    bool ok = false;
-    for (addrinfo* ai = res; ai && !ok; ai = ai->ai_next) {
-      fd_ = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-      if (fd_ < 0) {
-        why = std::strerror(errno);
-        continue;
-      }
-      int err = ::connect(fd_, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
-      if (err == EINPROGRESS || err == EINTR) {
-        int ms =
-            static_cast<int>(deadline::min(until, deadline::after(milliseconds(5000))).remaining().count());
-        short ev = 0;
-        for (auto t = deadline::after(milliseconds(ms)); !ev && !t.expired();)
-          ev = wait_fd(fd_, POLLOUT, static_cast<int>(t.remaining().count()));
-        socklen_t len = sizeof err;
-        if (!ev)
-          err = ETIMEDOUT;
-        else if (::getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
-          err = errno;
-      }
-      if (err == 0) {
-        int one = 1;
-        (void)::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        (void)::setsockopt(fd_, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-        status st = handshake(deadline::min(until, deadline::after(op_timeout_)));
-        if (st.ok()) {
-          ok = true;
-          break;
-        }
-        close();
-        why = st.message();
-        // A refusal or a foreign protocol will not change by retrying.
-        if (st.code() == errc::bootstrap_error || st.code() == errc::protocol_error) {
-          fatal_ = st;
-          break;
-        }
-        continue;
-      }
-      why = std::strerror(err);
-      close();
-    }
-    ::freeaddrinfo(res);
-    if (!ok && why.empty()) why = "no address";
-    return ok;
+    return sock_.connect_once(
+        until, deadline::min(until, deadline::after(op_timeout_)), why, fatal_,
+        [](void* me, deadline t) { return static_cast<store_client*>(me)->handshake(t); }, this);
   }
 
   // The job-token handshake on a freshly connected socket (store_protocol.hpp).
@@ -291,7 +215,7 @@ class store_client final : public cclite::store {
       return make_error(errc::protocol_error,
                         "the server at %s does not speak the cclite store protocol (%s); is "
                         "CCLITE_RDZV_ENDPOINT (or MASTER_ADDR:MASTER_PORT) pointing at another service?",
-                        endpoint_.c_str(), bad);
+                        endpoint().c_str(), bad);
     proto::auth_frame proof;
     proof.kind = proto::auth_kind::proof;
     proof.payload = proto::auth_proof(token_, f.payload);
@@ -309,12 +233,12 @@ class store_client final : public cclite::store {
                         "store at %s refused this process: %s (CCLITE_RDZV_TOKEN); every rank of a job must "
                         "have the same token (cclite-run derives it from --rdzv-id); is this rank in another "
                         "job, or started by hand without the job's token?",
-                        endpoint_.c_str(), proto::printable(reason, 200).c_str());
+                        endpoint().c_str(), proto::printable(reason, 200).c_str());
     }
     if (!bad && (rh.status != proto::reply_status::ok || rh.value_len != 0)) bad = "unexpected handshake reply";
     if (bad)
       return make_error(errc::protocol_error, "bad handshake reply from the rendezvous store at %s: %s",
-                        endpoint_.c_str(), bad);
+                        endpoint().c_str(), bad);
     return {};
   }
 
@@ -334,8 +258,8 @@ class store_client final : public cclite::store {
             "could not connect to the rendezvous store at %s within %lld ms (last error: %s); is "
             "rank 0 running, and do all ranks use the same CCLITE_RDZV_ENDPOINT (or "
             "MASTER_ADDR:MASTER_PORT)?",
-            endpoint_.c_str(), elapsed_ms(t0), why.c_str());
-      wait_fd(-1, 0, static_cast<int>(std::min(backoff, until.remaining()).count()));
+            endpoint().c_str(), elapsed_ms(t0), why.c_str());
+      sock_.sleep_ms(static_cast<int>(std::min(backoff, until.remaining()).count()));
       backoff = std::min(backoff * 2, milliseconds(1000));
     }
   }
@@ -345,13 +269,13 @@ class store_client final : public cclite::store {
   status call(proto::op o, const std::string& key, const std::string& value, std::uint32_t wait_ms,
               deadline until, bool idempotent, proto::reply_header& rh, std::string& rv) {
     for (int attempt = 0;; ++attempt) {
-      if (fd_ < 0) {
+      if (!sock_.is_open()) {
         std::string why;
         if (!connect_once(deadline::min(until, deadline::after(op_timeout_)), why)) {
           if (!fatal_.ok()) return fatal_;
           return make_error(errc::peer_lost,
                             "lost connection to the rendezvous store at %s (rank 0 gone?): %s",
-                            endpoint_.c_str(), why.c_str());
+                            endpoint().c_str(), why.c_str());
         }
       }
       status st = exchange(o, key, value, wait_ms, until, rh, rv);
@@ -377,53 +301,24 @@ class store_client final : public cclite::store {
     if (const char* bad = proto::decode(rb, rh)) {
       close();
       return make_error(errc::protocol_error, "bad reply from the rendezvous store at %s: %s",
-                        endpoint_.c_str(), bad);
+                        endpoint().c_str(), bad);
     }
     rv.assign(rh.value_len, '\0');
     if (rh.value_len) CCLITE_TRY(io(false, &rv[0], rv.size(), until, on, &key));
     return {};
   }
 
-  // Moves all `n` bytes or fails; any failure closes the connection. `what`
-  // and `key` (nullptr: none) only feed the messages.
+  // Moves all `n` bytes or fails (store_socket::io). `what` and `key`
+  // (nullptr: none) only feed the messages.
   status io(bool write, char* p, std::size_t n, deadline until, const char* what, const std::string* key) {
-    auto during = [&] { return key ? std::string(what) + " of key '" + proto::printable(*key) + "'" : std::string(what); };
-    while (n > 0) {
-      long k = write ? ::send(fd_, p, n, MSG_NOSIGNAL) : ::recv(fd_, p, n, 0);
-      if (k > 0) {
-        p += k;
-        n -= static_cast<std::size_t>(k);
-        continue;
-      }
-      const int err = k == 0 ? 0 : errno;
-      if (k < 0 && err == EINTR) continue;
-      if (k == 0 || (err != EAGAIN && err != EWOULDBLOCK)) {
-        close();
-        return make_error(
-            errc::peer_lost,
-            "lost connection to the rendezvous store at %s (rank 0 gone?) during %s: %s", endpoint_.c_str(),
-            during().c_str(), k == 0 ? "connection closed" : std::strerror(err));
-      }
-      if (until.expired()) {
-        close();
-        return make_error(errc::timeout,
-                          "the rendezvous store at %s did not answer %s in time; is rank 0 stuck or overloaded?",
-                          endpoint_.c_str(), during().c_str());
-      }
-      (void)wait_fd(fd_, static_cast<short>(write ? POLLOUT : POLLIN),
-                    static_cast<int>(until.remaining(milliseconds(1000)).count()));
-    }
-    return {};
+    return sock_.io(write, p, n, until,
+                    key ? std::string(what) + " of key '" + proto::printable(*key) + "'" : std::string(what));
   }
 
-  int fd_ = -1;
-  std::string host_;
-  std::uint16_t port_;
-  std::string endpoint_;
+  detail::store_socket sock_;
   milliseconds op_timeout_;
   std::string token_;
   status fatal_;  // a refusal that makes retrying pointless; sticky
-  poll_hook hook_;
 };
 
 }  // namespace cclite::tcp

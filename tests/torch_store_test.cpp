@@ -1,0 +1,217 @@
+// tcp::torch_store_client against stand-ins of torch's c10d TCPStore server
+// (support/fake_c10d.hpp) in both dialects, foreign and lost servers, and
+// open_store() under TORCHELASTIC_USE_AGENT_STORE with real processes. A real
+// torchrun (torch 1.13's server) is tests/netns/torchrun_test.sh.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include <cclite/tcp/rendezvous.hpp>
+#include <cclite/tcp/store_server.hpp>
+#include <cclite/tcp/torch_store.hpp>
+
+#include "support/fake_c10d.hpp"
+#include "support/mp.hpp"
+
+using namespace cclite;
+using std::chrono::milliseconds;
+using dialect = tcp::torch_store_client::dialect;
+
+namespace {
+
+const std::string prefix = "cclite/j/attempt_0/";
+
+std::unique_ptr<tcp::torch_store_client> open_client(std::uint16_t port, dialect d = dialect::unknown) {
+  auto c = tcp::torch_store_client::connect("127.0.0.1", port, deadline::after(milliseconds(5000)),
+                                            milliseconds(5000), prefix, d);
+  REQUIRE_MESSAGE(c.ok(), c.error().to_string());
+  return std::move(c.value());
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("torch store client: semantics in torch 1.x's and 2.x's dialect") {
+  struct variant {
+    int server;
+    bool strict;
+    dialect given, expect;
+  };
+  for (auto v : {variant{1, false, dialect::unknown, dialect::torch1}, variant{2, false, dialect::unknown, dialect::torch2},
+                 variant{2, true, dialect::unknown, dialect::torch2}, variant{1, false, dialect::torch1, dialect::torch1},
+                 variant{2, true, dialect::torch2, dialect::torch2}}) {
+    CAPTURE(v.server);
+    CAPTURE(v.strict);
+    CAPTURE(static_cast<int>(v.given));
+    test::fake_c10d srv(v.server, v.strict);
+    REQUIRE(srv.port() != 0);
+    auto c = open_client(srv.port(), v.given);
+    CHECK(c->protocol() == v.expect);
+
+    std::string bin("x\0y\xff", 4);
+    CHECK(c->set("a", "1").ok());
+    CHECK(c->set("a", bin).ok());  // overwrite, any bytes
+    CHECK(c->get("a", deadline::after(milliseconds(2000))).value() == bin);
+    CHECK(c->set("empty", "").ok());
+    CHECK(c->get("empty", deadline::after(milliseconds(2000))).value().empty());
+    CHECK(c->add("n", 5).value() == 5);
+    CHECK(c->add("n", -7).value() == -2);
+    CHECK(c->get("n", deadline::never()).value() == "-2");  // decimal text, as cclite::store says
+    CHECK(c->check("a").value());
+    CHECK_FALSE(c->check("missing").value());
+    CHECK(c->wait({"a", "n", "empty"}, deadline::after(milliseconds(2000))).ok());
+    std::string big(3u << 20, '\0');
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131);
+    CHECK(c->set("big", big).ok());
+    CHECK(c->get("big", deadline::never()).value() == big);
+
+    // The server's wait has no limit: the client's deadline ends it, and the
+    // next call works on a fresh connection.
+    const int before = srv.connections_accepted();
+    auto t0 = std::chrono::steady_clock::now();
+    auto miss = c->get("missing", deadline::after(milliseconds(200)));
+    auto took = std::chrono::steady_clock::now() - t0;
+    REQUIRE_FALSE(miss.ok());
+    CHECK(miss.error().code() == errc::timeout);
+    CHECK(contains(miss.error().message(), "'missing'"));
+    CHECK(took >= milliseconds(150));
+    CHECK(took < milliseconds(5000));
+    auto w = c->wait({"a", "gone1", "gone2"}, deadline::after(milliseconds(100)));
+    CHECK(w.code() == errc::timeout);
+    CHECK(contains(w.message(), "gone2"));
+    CHECK(c->get("a", deadline::after(milliseconds(2000))).value() == bin);
+    CHECK(srv.connections_accepted() > before);
+
+    // A waiter on one connection is woken by a set on another.
+    auto other = open_client(srv.port(), v.expect);
+    std::thread late([&] {
+      std::this_thread::sleep_for(milliseconds(100));
+      CHECK(other->set("late", "here").ok());
+    });
+    CHECK(c->get("late", deadline::after(milliseconds(5000))).value() == "here");
+    late.join();
+
+    // torch's server drops a client whose add meets text; the client says why and goes on.
+    auto bad = c->add("a", 1);
+    REQUIRE_FALSE(bad.ok());
+    CHECK(contains(bad.error().message(), "not an integer"));
+    CHECK(c->check("a").value());
+
+    // Keys travel as torch's client sends them: '/' + prefix + key.
+    for (const auto& k : srv.keys_seen()) {
+      if (k.size() <= 1) continue;  // the dialect probe's one-byte key
+      CHECK_MESSAGE(k.rfind("/" + prefix, 0) == 0, k);
+    }
+    CHECK(srv.keys_seen().count("/" + prefix + "late") == 1);
+  }
+}
+
+TEST_CASE("torch store client: unreachable, lost and foreign servers") {
+  SUBCASE("nothing listens: timeout naming the endpoint") {
+    test::fake_c10d gone(1);
+    std::uint16_t port = gone.port();
+    gone.stop();
+    auto c = tcp::torch_store_client::connect("127.0.0.1", port, deadline::after(milliseconds(300)),
+                                              milliseconds(1000), prefix);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.error().code() == errc::timeout);
+    CHECK(contains(c.error().message(), "127.0.0.1:" + std::to_string(port)));
+  }
+  SUBCASE("the agent goes away: peer_lost") {
+    test::fake_c10d srv(2, true);
+    auto c = open_client(srv.port());
+    CHECK(c->set("k", "v").ok());
+    srv.stop();
+    auto st = c->set("k", "w");
+    CHECK(st.code() == errc::peer_lost);
+    CHECK(contains(st.message(), "torchrun's store"));
+  }
+  SUBCASE("a cclite store at that port is named as such") {
+    auto srv = tcp::store_server::start("127.0.0.1", 0);
+    REQUIRE(srv.ok());
+    auto c = tcp::torch_store_client::connect("127.0.0.1", srv.value()->port(), deadline::after(milliseconds(3000)),
+                                              milliseconds(3000), prefix);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.error().code() == errc::protocol_error);
+    CHECK(contains(c.error().message(), "cclite store, not torchrun's"));
+  }
+  SUBCASE("a server that answers something else") {
+    int l = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(l, 4) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
+    std::thread t([l] {
+      int fd = ::accept(l, nullptr, nullptr);
+      char buf[64];
+      (void)::recv(fd, buf, sizeof buf, 0);
+      (void)::send(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(milliseconds(200));
+      ::close(fd);
+    });
+    auto c = tcp::torch_store_client::connect("127.0.0.1", ntohs(a.sin_port), deadline::after(milliseconds(3000)),
+                                              milliseconds(3000), prefix);
+    t.join();
+    ::close(l);
+    REQUIRE_FALSE(c.ok());
+    CHECK(c.error().code() == errc::protocol_error);
+    CHECK(contains(c.error().message(), "does not answer as torch's TCPStore"));
+  }
+}
+
+TEST_CASE("open_store under torchrun's agent store: 3 processes, no rank hosts") {
+  for (int d : {1, 2}) {
+    CAPTURE(d);
+    test::fake_c10d srv(d, d == 2);
+    auto r = test::run_ranks(3, [&](int rank, int size) {
+      launch_info li;
+      li.rank = rank;
+      li.size = size;
+      li.rdzv_host = "127.0.0.1";
+      li.rdzv_port = srv.port();
+      li.job_id = "tj";
+      li.launcher_store = true;
+      li.restart_count = 1;
+      std::unique_ptr<tcp::store_server> hosted;
+      auto s = tcp::open_store(li, deadline::after(milliseconds(30000)), &hosted);
+      MP_REQUIRE_OK(s);
+      MP_CHECK(hosted == nullptr);
+      auto all = store_allgather(*s.value(), "info", rank, size, "r" + std::to_string(rank),
+                                 deadline::after(milliseconds(30000)));
+      MP_REQUIRE_OK(all);
+      for (int p = 0; p < size; ++p) MP_CHECK(all.value()[static_cast<std::size_t>(p)] == "r" + std::to_string(p));
+      return 0;
+    });
+    CHECK_MESSAGE(r.all_ok(), r.describe());
+    auto keys = srv.keys_seen();
+    CHECK(keys.count("/cclite/tj/attempt_1/cclite/rdzv/job_id") == 1);
+    CHECK(keys.count("/cclite/tj/attempt_1/info/2") == 1);
+  }
+
+  test::fake_c10d srv(1);
+  launch_info li;
+  li.rank = 0;
+  li.size = 2;
+  li.rdzv_host = "127.0.0.1";
+  li.rdzv_port = srv.port();
+  li.job_id = "tj";
+  li.launcher_store = true;
+  ::setenv("CCLITE_TORCH_STORE_PROTOCOL", "3", 1);
+  auto bad = tcp::open_store(li, deadline::after(milliseconds(3000)), nullptr);
+  ::unsetenv("CCLITE_TORCH_STORE_PROTOCOL");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code() == errc::invalid_argument);
+  CHECK(contains(bad.error().message(), "CCLITE_TORCH_STORE_PROTOCOL='3'"));
+}

@@ -1,0 +1,296 @@
+// cclite/tcp/torch_store.hpp - a client of PyTorch's c10d TCPStore.
+//
+// Under torchrun the agent of the first node hosts a c10d TCPStore at
+// MASTER_ADDR:MASTER_PORT and tells its workers so with
+// TORCHELASTIC_USE_AGENT_STORE=True: the workers are that store's clients, and
+// none of them can bind the port (rank 0 hosting cclite's own store there fails
+// with "Address already in use"). torch_store_client implements cclite::store
+// over that store's wire protocol, so the ranks of a cclite program meet there
+// as torch's own ranks would; the store outlives any worker, as torchrun's does.
+//
+// Wire (c10d TCPStore). A query is one byte of type, then its arguments; a
+// string or a byte vector is a u64 length then the bytes. torch sends integers
+// in its host's byte order; this client writes and reads them little-endian,
+// that order on every host torch runs on (x86-64, aarch64):
+//
+//   query     torch 1.x  torch 2.x  arguments               reply
+//   validate  -          0          u32 0x3C85F7CE          none (2.x: first)
+//   set       0          1          key, value              none
+//   get       2          3          key (present: wait 1st) value
+//   add       3          4          key, i64 delta          i64 new value
+//   check     4          5          u64 n, n keys           u8 0 ready, 1 not
+//   wait      5          6          u64 n, n keys           u8 0 once all exist
+//
+// The server's wait has no time limit: the client polls with the caller's
+// deadline and, when it passes, drops the connection (the server forgets the
+// waiter) and reconnects at the next call. `add` stores decimal text, as
+// cclite::store's contract says.
+//
+// Dialect. torch 2.0 put `validate` first and moved every other type by one.
+// One query tells them apart, 18 bytes that both read whole and answer at once:
+//   04 | 01 00 00 00 00 00 00 00 | 01 00 00 00 00 00 00 00 | 00
+// torch 1.x reads check(n = 1, key "\0") and answers 1 byte; torch 2.x reads
+// add(key "\x01", delta 0) and answers the 8-byte value (a server that closes
+// an unvalidated connection is 2.x too). CCLITE_TORCH_STORE_PROTOCOL=1 or 2
+// skips the probe. A cclite store at that port (its 40-byte challenge) is
+// named as such.
+//
+// Thread safety: one thread at a time (as for every cclite::store).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cclite/config.hpp>
+#include <cclite/bootstrap/store.hpp>
+#include <cclite/core/bytes.hpp>
+#include <cclite/core/clock.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/tcp/store_socket.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
+
+namespace cclite::tcp {
+
+class torch_store_client final : public cclite::store {
+ public:
+  /// Which numbering of query types the server speaks (header comment).
+  enum class dialect : std::uint8_t { unknown = 0, torch1 = 1, torch2 = 2 };
+
+  /// Connects to the c10d TCPStore at host:port, retrying refused connections
+  /// with backoff until `until` (workers may start before the agent's store
+  /// listens), and finds the dialect unless `d` names it. Every key this client
+  /// reads or writes is `key_prefix` + key, so a cclite job keeps to its own
+  /// part of a store that torch's agent also uses. On the wire a key starts
+  /// with '/', as torch's own client sends it: torch code that opens the same
+  /// store sees these keys under the same names.
+  static result<std::unique_ptr<torch_store_client>> connect(const std::string& host, std::uint16_t port,
+                                                             deadline until, milliseconds op_timeout,
+                                                             std::string key_prefix, dialect d = dialect::unknown) {
+    std::unique_ptr<torch_store_client> c(new torch_store_client(host, port, op_timeout, std::move(key_prefix), d));
+    auto t0 = clock::now();
+    milliseconds backoff(10);
+    std::string why;
+    for (;;) {
+      if (c->connect_once(until, why)) return {std::move(c)};
+      if (!c->fatal_.ok()) return c->fatal_;
+      if (until.expired())
+        return make_error(errc::timeout,
+                          "could not connect to torchrun's store at %s within %lld ms (last error: %s); is the "
+                          "agent of the first node running, and is MASTER_ADDR:MASTER_PORT reachable from here?",
+                          c->sock_.endpoint().c_str(), elapsed_ms(t0), why.c_str());
+      c->sock_.sleep_ms(static_cast<int>(std::min(backoff, until.remaining()).count()));
+      backoff = std::min(backoff * 2, milliseconds(1000));
+    }
+  }
+
+  /// "host:port" of the store.
+  const std::string& endpoint() const noexcept { return sock_.endpoint(); }
+  /// The dialect found (or given).
+  dialect protocol() const noexcept { return dialect_; }
+
+  status set(const std::string& key, const std::string& value) override {
+    CCLITE_TRY(check_args(key, value.size()));
+    std::string q = key_query(q_set, key);
+    put_string(q, value);
+    return round_trip("set", key, true, deadline::after(op_timeout_), std::move(q), nullptr, 0, nullptr);
+  }
+
+  result<std::string> get(const std::string& key, deadline until) override {
+    CCLITE_TRY(wait({key}, until));  // torch's server drops a client that gets a missing key
+    std::string value;
+    CCLITE_TRY(round_trip("get", key, true, deadline::after(op_timeout_), key_query(q_get, key), nullptr, 0, &value));
+    return value;
+  }
+
+  result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
+    CCLITE_TRY(check_args(key, 0));
+    std::string q = key_query(q_add, key);
+    put_u64(q, static_cast<std::uint64_t>(delta));
+    std::uint8_t v[8];
+    status st = round_trip("add", key, false, deadline::after(op_timeout_), std::move(q), v, 8, nullptr);
+    if (st.code() == errc::peer_lost)  // torch's server drops a client whose add fails
+      return make_error(errc::peer_lost,
+                        "%s (torch's store closes the connection when the value of the key is not an integer)",
+                        st.message().c_str());
+    CCLITE_TRY(st);
+    return static_cast<std::int64_t>(get_le(v, 8));
+  }
+
+  status wait(const std::vector<std::string>& keys, deadline until) override {
+    if (keys.empty()) return {};
+    for (const auto& k : keys) CCLITE_TRY(check_args(k, 0));
+    auto t0 = clock::now();
+    std::uint8_t r = 0;
+    status st = round_trip("wait", keys[0], true, until, keys_query(q_wait, keys), &r, 1, nullptr);
+    if (st.ok() && r != 0) return bad_reply("wait", keys[0]);
+    if (st.code() != errc::timeout || !until.expired()) return st;
+    std::string names;
+    for (std::size_t i = 0; i < keys.size() && i < 8; ++i)
+      names += (i ? ", '" : "'") + proto::printable(keys[i], 80) + "'";
+    if (keys.size() > 8) names += ", ...";
+    return make_error(errc::timeout,
+                      "timed out after %lld ms waiting for keys (%s) in torchrun's store at %s; did every rank "
+                      "start?",
+                      elapsed_ms(t0), names.c_str(), endpoint().c_str());
+  }
+
+  result<bool> check(const std::string& key) override {
+    CCLITE_TRY(check_args(key, 0));
+    std::uint8_t r = 0;
+    CCLITE_TRY(round_trip("check", key, true, deadline::after(op_timeout_), keys_query(q_check, {key}), &r, 1, nullptr));
+    if (r > 1) return bad_reply("check", key);
+    return r == 0;
+  }
+
+ private:
+  // Query types in torch 2.x's numbering; torch 1.x's are one less (no validate).
+  static constexpr std::uint8_t q_validate = 0, q_set = 1, q_get = 3, q_add = 4, q_check = 5, q_wait = 6;
+  static constexpr std::uint32_t validate_magic = 0x3C85F7CE;
+
+  torch_store_client(const std::string& host, std::uint16_t port, milliseconds op_timeout, std::string prefix,
+                     dialect d)
+      : sock_(host, port, "torchrun's agent", {}), op_timeout_(op_timeout), prefix_("/" + prefix), dialect_(d) {}
+
+  static long long elapsed_ms(clock::time_point t0) {
+    return static_cast<long long>(std::chrono::duration_cast<milliseconds>(clock::now() - t0).count());
+  }
+
+  status check_args(const std::string& key, std::size_t value_len) const {
+    if (key.empty() || key.size() > max_store_key_bytes)
+      return make_error(errc::invalid_argument, "store key of %zu bytes (must be 1..%zu)", key.size(),
+                        max_store_key_bytes);
+    if (value_len > max_store_value_bytes)
+      return make_error(errc::invalid_argument, "store value of %zu bytes for key '%s' (max %zu)", value_len,
+                        proto::printable(key).c_str(), max_store_value_bytes);
+    return {};
+  }
+
+  static void put_u64(std::string& q, std::uint64_t v) {
+    char b[8];
+    put_le(reinterpret_cast<std::uint8_t*>(b), v, 8);
+    q.append(b, 8);
+  }
+  static void put_string(std::string& q, const std::string& s) {
+    put_u64(q, s.size());
+    q += s;
+  }
+  // A query in torch 2.x's numbering; round_trip() renumbers it for 1.x.
+  std::string key_query(std::uint8_t type, const std::string& key) const {
+    std::string q(1, static_cast<char>(type));
+    put_string(q, prefix_ + key);
+    return q;
+  }
+  std::string keys_query(std::uint8_t type, const std::vector<std::string>& keys) const {
+    std::string q(1, static_cast<char>(type));
+    put_u64(q, keys.size());
+    for (const auto& k : keys) put_string(q, prefix_ + k);
+    return q;
+  }
+
+  static std::string during(const char* op, const std::string& key) {
+    return std::string(op) + " of key '" + proto::printable(key) + "'";
+  }
+  status bad_reply(const char* op, const std::string& key) {
+    sock_.close();
+    return make_error(errc::protocol_error, "malformed reply to %s from torchrun's store at %s", during(op, key).c_str(),
+                      endpoint().c_str());
+  }
+
+  // Sends query `q` about `key` and reads its reply: `n` bytes into `reply`,
+  // or (`value` set) a u64 length and that many bytes. Reconnects first if an
+  // earlier call broke the connection; an idempotent query that finds the
+  // connection dead is sent once more on a fresh one.
+  status round_trip(const char* op, const std::string& key, bool idempotent, deadline until, std::string q,
+                    std::uint8_t* reply, std::size_t n, std::string* value) {
+    const std::string what = during(op, key);
+    const auto type = static_cast<std::uint8_t>(q[0]);
+    for (int attempt = 0;; ++attempt) {
+      if (sock_.peer_closed()) sock_.close();  // a set gets no reply: do not send it into a closed stream
+      if (!sock_.is_open()) {
+        std::string why;
+        if (!connect_once(deadline::min(until, deadline::after(op_timeout_)), why)) {
+          if (!fatal_.ok()) return fatal_;
+          return make_error(errc::peer_lost, "lost connection to torchrun's store at %s (its agent gone?) before %s: %s",
+                            endpoint().c_str(), what.c_str(), why.c_str());
+        }
+      }
+      q[0] = static_cast<char>(type - (dialect_ == dialect::torch1 ? 1 : 0));  // known once connected
+      status st = sock_.io(true, &q[0], q.size(), until, what);
+      if (st.ok() && n) st = sock_.io(false, reinterpret_cast<char*>(reply), n, until, what);
+      if (st.ok() && value) {
+        std::uint8_t len[8];
+        st = sock_.io(false, reinterpret_cast<char*>(len), 8, until, what);
+        std::uint64_t k = st.ok() ? get_le(len, 8) : 0;
+        if (k > max_store_value_bytes) return bad_reply(op, key);
+        value->assign(static_cast<std::size_t>(k), '\0');
+        if (st.ok() && k) st = sock_.io(false, &(*value)[0], value->size(), until, what);
+      }
+      if (st.ok() || st.code() != errc::peer_lost || !idempotent || attempt > 0) return st;
+    }
+  }
+
+  bool connect_once(deadline until, std::string& why) {
+    return sock_.connect_once(
+        until, deadline::min(until, deadline::after(op_timeout_)), why, fatal_,
+        [](void* me, deadline t) { return static_cast<torch_store_client*>(me)->greet(t); }, this);
+  }
+
+  // The opening of a connection: the dialect probe on the first one, then
+  // torch 2.x's validate.
+  status greet(deadline until) {
+    if (dialect_ == dialect::unknown) {
+      CCLITE_TRY(probe(until));
+      if (dialect_ == dialect::torch1) return {};  // the probe's reply was read whole: the stream is clean
+      return make_error(errc::peer_lost, "reconnect after the protocol probe");  // a fresh, validated one
+    }
+    if (dialect_ == dialect::torch1) return {};
+    std::string q(1, static_cast<char>(q_validate));
+    char m[4];
+    put_le(reinterpret_cast<std::uint8_t*>(m), validate_magic, 4);
+    q.append(m, 4);
+    return sock_.io(true, &q[0], q.size(), until, "the validation of the connection");
+  }
+
+  status probe(deadline until) {
+    static const std::uint8_t bytes[18] = {4, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    std::string q(reinterpret_cast<const char*>(bytes), sizeof bytes);
+    CCLITE_TRY(sock_.io(true, &q[0], q.size(), until, "the protocol probe"));
+    char r[64];
+    auto n = sock_.read_some(r, sizeof r, until, "the protocol probe");
+    if (!n) {
+      if (n.error().code() != errc::peer_lost) return n.error();
+      dialect_ = dialect::torch2;  // closed on an unvalidated query: 2.x
+      return {};
+    }
+    if (n.value() >= 4 && std::memcmp(r, "CCST", 4) == 0)
+      return make_error(errc::protocol_error,
+                        "%s is a cclite store, not torchrun's: TORCHELASTIC_USE_AGENT_STORE=True says the launcher "
+                        "hosts the store; unset it, or set CCLITE_RDZV_ENDPOINT to use cclite's own",
+                        endpoint().c_str());
+    if (n.value() == 1 && static_cast<std::uint8_t>(r[0]) <= 1) {
+      dialect_ = dialect::torch1;
+      return {};
+    }
+    if (n.value() <= 8) {
+      dialect_ = dialect::torch2;
+      return {};
+    }
+    return make_error(errc::protocol_error,
+                      "the server at %s does not answer as torch's TCPStore (%zu bytes to the protocol probe); "
+                      "is MASTER_ADDR:MASTER_PORT torchrun's store?",
+                      endpoint().c_str(), n.value());
+  }
+
+  detail::store_socket sock_;
+  milliseconds op_timeout_;
+  std::string prefix_;
+  dialect dialect_;
+  status fatal_;  // a foreign protocol: retrying is pointless; sticky
+};
+
+}  // namespace cclite::tcp
+CCLITE_SETUP_CODE_END
