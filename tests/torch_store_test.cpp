@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -37,6 +38,53 @@ std::unique_ptr<tcp::torch_store_client> open_client(std::uint16_t port, dialect
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// A stand-in server in a process of its own, for tests that fork ranks: a
+// forked rank must not inherit the server's connections (one the server drops
+// would stay open in it, as torch's agent never lets its workers inherit).
+struct server_process {
+  pid_t pid = -1;
+  std::uint16_t port = 0;
+  int from = -1, to = -1;  // server -> test (port, then keys), test -> server (stop)
+
+  server_process(int dialect, bool strict) {
+    int a[2], b[2];
+    REQUIRE(::pipe(a) == 0);
+    REQUIRE(::pipe(b) == 0);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::close(a[0]);
+      ::close(b[1]);
+      test::fake_c10d srv(dialect, strict);
+      std::uint16_t p = srv.port();
+      (void)!::write(a[1], &p, sizeof p);
+      char c;
+      (void)!::read(b[0], &c, 1);
+      std::string all;
+      for (const auto& k : srv.keys_seen()) all += k + "\n";
+      (void)!::write(a[1], all.data(), all.size());
+      ::_exit(0);
+    }
+    ::close(a[1]);
+    ::close(b[0]);
+    from = a[0];
+    to = b[1];
+    REQUIRE(::read(from, &port, sizeof port) == static_cast<long>(sizeof port));
+  }
+  // Stops the server; the keys it saw, one per line.
+  std::string stop() {
+    (void)!::write(to, "x", 1);
+    std::string all;
+    char buf[4096];
+    for (long k; (k = ::read(from, buf, sizeof buf)) > 0;) all.append(buf, static_cast<std::size_t>(k));
+    ::close(from);
+    ::close(to);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    return all;
+  }
+};
 
 }  // namespace
 
@@ -174,13 +222,13 @@ TEST_CASE("torch store client: unreachable, lost and foreign servers") {
 TEST_CASE("open_store under torchrun's agent store: 3 processes, no rank hosts") {
   for (int d : {1, 2}) {
     CAPTURE(d);
-    test::fake_c10d srv(d, d == 2);
+    server_process srv(d, d == 2);
     auto r = test::run_ranks(3, [&](int rank, int size) {
       launch_info li;
       li.rank = rank;
       li.size = size;
       li.rdzv_host = "127.0.0.1";
-      li.rdzv_port = srv.port();
+      li.rdzv_port = srv.port;
       li.job_id = "tj";
       li.launcher_store = true;
       li.restart_count = 1;
@@ -195,9 +243,9 @@ TEST_CASE("open_store under torchrun's agent store: 3 processes, no rank hosts")
       return 0;
     });
     CHECK_MESSAGE(r.all_ok(), r.describe());
-    auto keys = srv.keys_seen();
-    CHECK(keys.count("/cclite/tj/attempt_1/cclite/rdzv/job_id") == 1);
-    CHECK(keys.count("/cclite/tj/attempt_1/info/2") == 1);
+    auto keys = srv.stop();
+    CHECK(contains(keys, "/cclite/tj/attempt_1/cclite/rdzv/job_id\n"));
+    CHECK(contains(keys, "/cclite/tj/attempt_1/info/2\n"));
   }
 
   test::fake_c10d srv(1);
