@@ -47,7 +47,7 @@ struct server_process {
   std::uint16_t port = 0;
   int from = -1, to = -1;  // server -> test (port, then keys), test -> server (stop)
 
-  server_process(int dialect, bool strict) {
+  server_process(int dialect, test::fake_c10d::unvalidated u) {
     int a[2], b[2];
     REQUIRE(::pipe(a) == 0);
     REQUIRE(::pipe(b) == 0);
@@ -56,7 +56,7 @@ struct server_process {
     if (pid == 0) {
       ::close(a[0]);
       ::close(b[1]);
-      test::fake_c10d srv(dialect, strict);
+      test::fake_c10d srv(dialect, u);
       std::uint16_t p = srv.port();
       (void)!::write(a[1], &p, sizeof p);
       char c;
@@ -89,18 +89,22 @@ struct server_process {
 }  // namespace
 
 TEST_CASE("torch store client: semantics in torch 1.x's and 2.x's dialect") {
+  using u = test::fake_c10d::unvalidated;
   struct variant {
     int server;
-    bool strict;
+    u unvalidated;
     dialect given, expect;
   };
-  for (auto v : {variant{1, false, dialect::unknown, dialect::torch1}, variant{2, false, dialect::unknown, dialect::torch2},
-                 variant{2, true, dialect::unknown, dialect::torch2}, variant{1, false, dialect::torch1, dialect::torch1},
-                 variant{2, true, dialect::torch2, dialect::torch2}}) {
+  for (auto v : {variant{1, u::served, dialect::unknown, dialect::torch1},
+                 variant{2, u::served, dialect::unknown, dialect::torch2},
+                 variant{2, u::closed, dialect::unknown, dialect::torch2},
+                 variant{2, u::ignored, dialect::unknown, dialect::torch2},
+                 variant{1, u::served, dialect::torch1, dialect::torch1},
+                 variant{2, u::ignored, dialect::torch2, dialect::torch2}}) {
     CAPTURE(v.server);
-    CAPTURE(v.strict);
+    CAPTURE(static_cast<int>(v.unvalidated));
     CAPTURE(static_cast<int>(v.given));
-    test::fake_c10d srv(v.server, v.strict);
+    test::fake_c10d srv(v.server, v.unvalidated);
     REQUIRE(srv.port() != 0);
     auto c = open_client(srv.port(), v.given);
     CHECK(c->protocol() == v.expect);
@@ -175,7 +179,7 @@ TEST_CASE("torch store client: unreachable, lost and foreign servers") {
     CHECK(contains(c.error().message(), "127.0.0.1:" + std::to_string(port)));
   }
   SUBCASE("the agent goes away: peer_lost") {
-    test::fake_c10d srv(2, true);
+    test::fake_c10d srv(2, test::fake_c10d::unvalidated::closed);
     auto c = open_client(srv.port());
     CHECK(c->set("k", "v").ok());
     srv.stop();
@@ -222,7 +226,7 @@ TEST_CASE("torch store client: unreachable, lost and foreign servers") {
 TEST_CASE("open_store under torchrun's agent store: 3 processes, no rank hosts") {
   for (int d : {1, 2}) {
     CAPTURE(d);
-    server_process srv(d, d == 2);
+    server_process srv(d, d == 2 ? test::fake_c10d::unvalidated::ignored : test::fake_c10d::unvalidated::served);
     auto r = test::run_ranks(3, [&](int rank, int size) {
       launch_info li;
       li.rank = rank;

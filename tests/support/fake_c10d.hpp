@@ -1,7 +1,8 @@
 // tests/support/fake_c10d.hpp - a stand-in for PyTorch's c10d TCPStore server,
 // for tests of tcp::torch_store_client without torch: the wire of
 // tcp/torch_store.hpp's header table, in torch 1.x's numbering or 2.x's, and
-// optionally 2.x's strictness about validation. Behaves as torch's server where
+// 2.x's ways with a connection whose first query is not `validate`. Behaves as
+// torch's server where
 // it matters to a client: `get` of a missing key and `add` to a non-integer
 // close the connection (torch's handler throws), waits have no time limit, and
 // an unknown query closes the connection. (The real torch 1.13 server is
@@ -28,8 +29,14 @@ namespace cclite::test {
 
 class fake_c10d {
  public:
-  /// dialect 1 or 2; strict: (2 only) close a connection whose first query is not validate.
-  explicit fake_c10d(int dialect, bool strict = false) : dialect_(dialect), strict_(strict) {
+  /// What a 2.x server does with a connection whose first query is not validate.
+  enum class unvalidated {
+    served,   ///< answers it (no torch release does; the probe must cope anyway)
+    closed,   ///< closes the connection (torch 2.0-2.3's server)
+    ignored,  ///< keeps the bytes unread until more arrive, then serves them all (2.4's libuv server)
+  };
+  /// dialect 1 or 2; `u`: 2 only.
+  explicit fake_c10d(int dialect, unvalidated u = unvalidated::served) : dialect_(dialect), unvalidated_(u) {
     lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -68,7 +75,7 @@ class fake_c10d {
   struct conn {
     int fd = -1;
     std::string in;
-    bool validated = false;
+    bool first = true;  // no query seen yet
     std::vector<std::string> waiting;  // keys of a pending wait
   };
 
@@ -96,6 +103,12 @@ class fake_c10d {
           continue;
         }
         c.in.append(buf, static_cast<std::size_t>(k));
+        if (dialect_ == 2 && c.first && unvalidated_ != unvalidated::served && c.in[0] != validate) {
+          c.first = false;
+          if (unvalidated_ == unvalidated::closed) drop(c);
+          continue;  // ignored: read again with what comes next
+        }
+        c.first = false;
         while (c.fd >= 0 && c.waiting.empty() && serve_one(c)) {
         }
       }
@@ -150,10 +163,6 @@ class fake_c10d {
     if (c.in.empty()) return false;
     int t = static_cast<std::uint8_t>(c.in[0]);
     int o = dialect_ == 1 ? t + 1 : t;
-    if (dialect_ == 2 && strict_ && !c.validated && o != validate) {
-      drop(c);
-      return false;
-    }
     std::size_t pos = 1;
     std::string key, value;
     std::uint64_t n = 0;
@@ -164,7 +173,6 @@ class fake_c10d {
         std::uint32_t m = 0;
         std::memcpy(&m, c.in.data() + 1, 4);
         if (m != 0x3C85F7CE) return drop(c), false;
-        c.validated = true;
         pos = 5;
         break;
       }
@@ -228,7 +236,7 @@ class fake_c10d {
   }
 
   int dialect_;
-  bool strict_;
+  unvalidated unvalidated_;
   int lfd_ = -1;
   std::uint16_t port_ = 0;
   std::atomic<bool> stop_{false};

@@ -161,7 +161,9 @@ class store_socket {
   }
 
   /// One recv() of up to `n` bytes once any arrive (at least one, or an
-  /// error): for a reply whose length tells its sender apart.
+  /// error): for a reply whose first bytes tell its sender apart. Unlike io(),
+  /// a timeout leaves the connection open (the caller may send more and wait
+  /// again).
   result<std::size_t> read_some(char* p, std::size_t n, deadline until, const std::string& during) {
     for (;;) {
       long k = ::recv(fd_, p, n, 0);
@@ -173,11 +175,9 @@ class store_socket {
         return make_error(errc::peer_lost, "the rendezvous store at %s closed the connection during %s: %s",
                           endpoint_.c_str(), during.c_str(), k == 0 ? "connection closed" : std::strerror(err));
       }
-      if (until.expired()) {
-        close();
+      if (until.expired())
         return make_error(errc::timeout, "the rendezvous store at %s did not answer %s in time",
                           endpoint_.c_str(), during.c_str());
-      }
       (void)wait_fd(fd_, POLLIN, static_cast<int>(until.remaining(milliseconds(1000)).count()));
     }
   }

@@ -26,14 +26,18 @@
 // waiter) and reconnects at the next call. `add` stores decimal text, as
 // cclite::store's contract says.
 //
-// Dialect. torch 2.0 put `validate` first and moved every other type by one.
-// One query tells them apart, 18 bytes that both read whole and answer at once:
+// Dialect. torch 2.0 put `validate` first and moved every other type by one,
+// and its servers ignore a connection's first query unless it is `validate`.
+// The first connection sends one query that torch 1.x reads as check(n = 1,
+// key "\0") and 2.x as add(key "\x01", delta 0), 18 bytes:
 //   04 | 01 00 00 00 00 00 00 00 | 01 00 00 00 00 00 00 00 | 00
-// torch 1.x reads check(n = 1, key "\0") and answers 1 byte; torch 2.x reads
-// add(key "\x01", delta 0) and answers the 8-byte value (a server that closes
-// an unvalidated connection is 2.x too). CCLITE_TORCH_STORE_PROTOCOL=1 or 2
-// skips the probe. A cclite store at that port (its 40-byte challenge) is
-// named as such.
+// and the first byte of the reply names the dialect: 1 (1.x: not ready) or 0
+// (2.x: the value 0). torch 2.0-2.3's server closes the connection instead
+// (2.x too), and 2.4's libuv server keeps the bytes until more arrive, so each
+// 100 ms without a reply adds a query every dialect answers harmlessly
+// (probe()). The probe's connection is then replaced by a fresh one.
+// CCLITE_TORCH_STORE_PROTOCOL=1 or 2 skips the probe. A cclite store at that
+// port (its 40-byte challenge) is named as such.
 //
 // Thread safety: one thread at a time (as for every cclite::store).
 #pragma once
@@ -239,13 +243,12 @@ class torch_store_client final : public cclite::store {
         [](void* me, deadline t) { return static_cast<torch_store_client*>(me)->greet(t); }, this);
   }
 
-  // The opening of a connection: the dialect probe on the first one, then
-  // torch 2.x's validate.
+  // The opening of a connection: torch 2.x's validate. The very first one
+  // probes for the dialect instead, and is then replaced by a fresh one.
   status greet(deadline until) {
     if (dialect_ == dialect::unknown) {
       CCLITE_TRY(probe(until));
-      if (dialect_ == dialect::torch1) return {};  // the probe's reply was read whole: the stream is clean
-      return make_error(errc::peer_lost, "reconnect after the protocol probe");  // a fresh, validated one
+      return make_error(errc::peer_lost, "reconnect after the protocol probe");
     }
     if (dialect_ == dialect::torch1) return {};
     std::string q(1, static_cast<char>(q_validate));
@@ -255,15 +258,29 @@ class torch_store_client final : public cclite::store {
     return sock_.io(true, &q[0], q.size(), until, "the validation of the connection");
   }
 
+  // Sets dialect_ from the first reply byte to the probe (header comment):
+  // 1 is torch 1.x's "not ready", 0 the first byte of torch 2.x's value of
+  // "\x01" (only ever added 0 to). A torch 2.x server ignores an unvalidated
+  // first query: its older server closes the connection, the libuv one (2.4+)
+  // keeps the bytes and reads them when more arrive, so each 100 ms without a
+  // reply sends one more query that every dialect answers harmlessly at once
+  // (2.x: check of no keys; 1.x: wait for no keys).
   status probe(deadline until) {
     static const std::uint8_t bytes[18] = {4, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+    static const std::uint8_t nudge[9] = {q_check, 0, 0, 0, 0, 0, 0, 0, 0};
     std::string q(reinterpret_cast<const char*>(bytes), sizeof bytes);
     CCLITE_TRY(sock_.io(true, &q[0], q.size(), until, "the protocol probe"));
     char r[64];
-    auto n = sock_.read_some(r, sizeof r, until, "the protocol probe");
+    result<std::size_t> n = std::size_t(0);
+    for (;;) {
+      n = sock_.read_some(r, sizeof r, deadline::min(until, deadline::after(milliseconds(100))), "the protocol probe");
+      if (n || n.error().code() != errc::timeout || until.expired()) break;
+      std::string more(reinterpret_cast<const char*>(nudge), sizeof nudge);
+      CCLITE_TRY(sock_.io(true, &more[0], more.size(), until, "the protocol probe"));
+    }
     if (!n) {
       if (n.error().code() != errc::peer_lost) return n.error();
-      dialect_ = dialect::torch2;  // closed on an unvalidated query: 2.x
+      dialect_ = dialect::torch2;  // closed on an unvalidated query: torch 2.0-2.3's server
       return {};
     }
     if (n.value() >= 4 && std::memcmp(r, "CCST", 4) == 0)
@@ -271,18 +288,14 @@ class torch_store_client final : public cclite::store {
                         "%s is a cclite store, not torchrun's: TORCHELASTIC_USE_AGENT_STORE=True says the launcher "
                         "hosts the store; unset it, or set CCLITE_RDZV_ENDPOINT to use cclite's own",
                         endpoint().c_str());
-    if (n.value() == 1 && static_cast<std::uint8_t>(r[0]) <= 1) {
-      dialect_ = dialect::torch1;
-      return {};
-    }
-    if (n.value() <= 8) {
-      dialect_ = dialect::torch2;
+    if (r[0] == 1 || r[0] == 0) {
+      dialect_ = r[0] == 1 ? dialect::torch1 : dialect::torch2;
       return {};
     }
     return make_error(errc::protocol_error,
-                      "the server at %s does not answer as torch's TCPStore (%zu bytes to the protocol probe); "
-                      "is MASTER_ADDR:MASTER_PORT torchrun's store?",
-                      endpoint().c_str(), n.value());
+                      "the server at %s does not answer as torch's TCPStore (first byte 0x%02x of %zu to the protocol "
+                      "probe); is MASTER_ADDR:MASTER_PORT torchrun's store?",
+                      endpoint().c_str(), static_cast<unsigned>(static_cast<std::uint8_t>(r[0])), n.value());
   }
 
   detail::store_socket sock_;
