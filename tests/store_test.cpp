@@ -458,29 +458,12 @@ TEST_CASE("tcp client: unreachable, lost and foreign servers") {
   }
   SUBCASE("something else on the port") {
     // A foreign server on loopback that answers like a web server would.
-    int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(lfd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(lfd, 1) == 0);
-    socklen_t alen = sizeof a;
-    REQUIRE(::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &alen) == 0);
-    const std::uint16_t port = ntohs(a.sin_port);
-    std::thread t([&] {
-      pollfd pf{lfd, POLLIN, 0};
-      if (::poll(&pf, 1, 5000) != 1) return;  // the client never came: its CHECKs fail
-      const int s = ::accept(lfd, nullptr, nullptr);
-      if (s < 0) return;
-      const char reply[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
-      (void)::send(s, reply, sizeof reply - 1, MSG_NOSIGNAL);
-      std::this_thread::sleep_for(milliseconds(200));
-      ::close(s);
-    });
+    test::loopback_listener l(1);
+    REQUIRE(l.fd >= 0);
+    const std::uint16_t port = l.port;
+    std::thread t = l.answer_like_a_web_server(false);
     auto c = tcp::store_client::connect("127.0.0.1", port, deadline::after(milliseconds(5000)));
     t.join();
-    ::close(lfd);
     REQUIRE_FALSE(c.ok());
     CHECK(c.error().code() == errc::protocol_error);
     CHECK(c.error().message().find("does not speak") != std::string::npos);

@@ -21,6 +21,7 @@
 
 #include "support/fake_c10d.hpp"
 #include "support/mp.hpp"
+#include "support/raw_conn.hpp"
 
 using namespace cclite;
 using std::chrono::milliseconds;
@@ -197,26 +198,12 @@ TEST_CASE("torch store client: unreachable, lost and foreign servers") {
     CHECK(contains(c.error().message(), "cclite store, not torchrun's"));
   }
   SUBCASE("a server that answers something else") {
-    int l = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(l, 4) == 0);
-    socklen_t len = sizeof a;
-    ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len);
-    std::thread t([l] {
-      int fd = ::accept(l, nullptr, nullptr);
-      char buf[64];
-      (void)::recv(fd, buf, sizeof buf, 0);
-      (void)::send(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28, MSG_NOSIGNAL);
-      std::this_thread::sleep_for(milliseconds(200));
-      ::close(fd);
-    });
-    auto c = tcp::torch_store_client::connect("127.0.0.1", ntohs(a.sin_port), deadline::after(milliseconds(3000)),
+    test::loopback_listener l(1);
+    REQUIRE(l.fd >= 0);
+    std::thread t = l.answer_like_a_web_server(true);  // torch's server speaks only when asked
+    auto c = tcp::torch_store_client::connect("127.0.0.1", l.port, deadline::after(milliseconds(3000)),
                                               milliseconds(3000), prefix);
     t.join();
-    ::close(l);
     REQUIRE_FALSE(c.ok());
     CHECK(c.error().code() == errc::protocol_error);
     CHECK(contains(c.error().message(), "does not answer as torch's TCPStore"));

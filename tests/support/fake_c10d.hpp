@@ -25,6 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "raw_conn.hpp"
+
 namespace cclite::test {
 
 class fake_c10d {
@@ -36,32 +38,22 @@ class fake_c10d {
     ignored,  ///< keeps the bytes unread until more arrive, then serves them all (2.4's libuv server)
   };
   /// dialect 1 or 2; `u`: 2 only.
-  explicit fake_c10d(int dialect, unvalidated u = unvalidated::served) : dialect_(dialect), unvalidated_(u) {
-    lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int one = 1;
-    ::setsockopt(lfd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(lfd_, 64) == 0) {
-      socklen_t len = sizeof a;
-      ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
-      port_ = ntohs(a.sin_port);
-    }
+  explicit fake_c10d(int dialect, unvalidated u = unvalidated::served)
+      : dialect_(dialect), unvalidated_(u), listener_(64) {
     thread_ = std::thread([this] { loop(); });
   }
   ~fake_c10d() { stop(); }
   fake_c10d(const fake_c10d&) = delete;
   fake_c10d& operator=(const fake_c10d&) = delete;
 
-  std::uint16_t port() const { return port_; }
+  std::uint16_t port() const { return listener_.port; }
   /// Closes every connection and the listener (the agent gone).
   void stop() {
     if (stop_.exchange(true)) return;
     thread_.join();
     for (auto& c : conns_) ::close(c.fd);
     conns_.clear();
-    ::close(lfd_);
+    listener_.close();
   }
   /// Every key any query named, as it came on the wire.
   std::set<std::string> keys_seen() {
@@ -81,11 +73,11 @@ class fake_c10d {
 
   void loop() {
     while (!stop_.load()) {
-      std::vector<pollfd> p{{lfd_, POLLIN, 0}};
+      std::vector<pollfd> p{{listener_.fd, POLLIN, 0}};
       for (auto& c : conns_) p.push_back({c.fd, POLLIN, 0});
       if (::poll(p.data(), p.size(), 20) <= 0) continue;
       if (p[0].revents & POLLIN) {
-        int fd = ::accept(lfd_, nullptr, nullptr);
+        int fd = ::accept(listener_.fd, nullptr, nullptr);
         if (fd >= 0) {
           conn c;
           c.fd = fd;
@@ -237,8 +229,7 @@ class fake_c10d {
 
   int dialect_;
   unvalidated unvalidated_;
-  int lfd_ = -1;
-  std::uint16_t port_ = 0;
+  loopback_listener listener_;
   std::atomic<bool> stop_{false};
   std::atomic<int> accepted_{0};
   std::vector<conn> conns_;  // the server thread's only

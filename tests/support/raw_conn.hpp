@@ -12,12 +12,58 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 #include <cclite/core/clock.hpp>
 #include <cclite/tcp/store_auth.hpp>
 #include <cclite/tcp/store_protocol.hpp>
 
 namespace cclite::test {
+
+/// A socket listening on 127.0.0.1 at a free port (fd -1 if that failed),
+/// for tests that play a server.
+struct loopback_listener {
+  int fd = -1;
+  std::uint16_t port = 0;
+  explicit loopback_listener(int backlog = 16) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd, backlog) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      close();
+      return;
+    }
+    port = ntohs(a.sin_port);
+  }
+  loopback_listener(const loopback_listener&) = delete;
+  loopback_listener& operator=(const loopback_listener&) = delete;
+  ~loopback_listener() { close(); }
+  void close() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+
+  /// A thread that takes one connection and answers as a web server would
+  /// (after reading what the client sent first when `read_first`), then
+  /// closes it 200 ms later. Join it.
+  std::thread answer_like_a_web_server(bool read_first) {
+    return std::thread([this, read_first] {
+      pollfd pf{fd, POLLIN, 0};
+      if (::poll(&pf, 1, 5000) != 1) return;  // the client never came: its CHECKs fail
+      const int s = ::accept(fd, nullptr, nullptr);
+      if (s < 0) return;
+      char buf[256];
+      if (read_first) (void)::recv(s, buf, sizeof buf, 0);
+      const char reply[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+      (void)::send(s, reply, sizeof reply - 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ::close(s);
+    });
+  }
+};
 
 struct raw_conn {
   int fd = -1;

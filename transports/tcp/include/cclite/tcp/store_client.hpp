@@ -153,18 +153,10 @@ class store_client final : public cclite::store {
       : sock_(host, port, "rank 0", hook), op_timeout_(op_timeout) {}
 
   milliseconds grace() const { return std::min(op_timeout_, milliseconds(30000)); }
-  static long long elapsed_ms(clock::time_point t0) {
-    return static_cast<long long>(std::chrono::duration_cast<milliseconds>(clock::now() - t0).count());
-  }
+  static long long elapsed_ms(clock::time_point t0) { return detail::elapsed_ms(t0); }
 
-  status check_args(const std::string& key, std::size_t value_len) const {
-    if (key.empty() || key.size() > max_store_key_bytes)
-      return make_error(errc::invalid_argument, "store key of %zu bytes (must be 1..%zu)", key.size(),
-                        max_store_key_bytes);
-    if (value_len > max_store_value_bytes)
-      return make_error(errc::invalid_argument, "store value of %zu bytes for key '%s' (max %zu)", value_len,
-                        proto::printable(key).c_str(), max_store_value_bytes);
-    return {};
+  static status check_args(const std::string& key, std::size_t value_len) {
+    return detail::check_store_args(key, value_len);
   }
 
   status server_error(const std::string& key, const std::string& msg) const {

@@ -159,18 +159,10 @@ class torch_store_client final : public cclite::store {
                      dialect d)
       : sock_(host, port, "torchrun's agent", {}), op_timeout_(op_timeout), prefix_("/" + prefix), dialect_(d) {}
 
-  static long long elapsed_ms(clock::time_point t0) {
-    return static_cast<long long>(std::chrono::duration_cast<milliseconds>(clock::now() - t0).count());
-  }
+  static long long elapsed_ms(clock::time_point t0) { return detail::elapsed_ms(t0); }
 
-  status check_args(const std::string& key, std::size_t value_len) const {
-    if (key.empty() || key.size() > max_store_key_bytes)
-      return make_error(errc::invalid_argument, "store key of %zu bytes (must be 1..%zu)", key.size(),
-                        max_store_key_bytes);
-    if (value_len > max_store_value_bytes)
-      return make_error(errc::invalid_argument, "store value of %zu bytes for key '%s' (max %zu)", value_len,
-                        proto::printable(key).c_str(), max_store_value_bytes);
-    return {};
+  static status check_args(const std::string& key, std::size_t value_len) {
+    return detail::check_store_args(key, value_len);
   }
 
   static void put_u64(std::string& q, std::uint64_t v) {
