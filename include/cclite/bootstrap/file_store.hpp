@@ -334,13 +334,7 @@ class file_store final : public store {
   }
 
   static status check_sizes(const std::string& key, std::size_t value_len) {
-    if (key.empty() || key.size() > max_store_key_bytes)
-      return make_error(errc::invalid_argument, "store key of %zu bytes (must be 1..%zu)", key.size(),
-                        max_store_key_bytes);
-    if (value_len > max_store_value_bytes)
-      return make_error(errc::invalid_argument, "store value of %zu bytes (max %zu)", value_len,
-                        max_store_value_bytes);
-    return {};
+    return check_store_sizes(key, value_len);
   }
 
   static bool parse_i64(const std::string& s, std::int64_t& out) {

@@ -28,6 +28,16 @@ namespace cclite {
 inline constexpr std::size_t max_store_key_bytes = 4096;
 inline constexpr std::size_t max_store_value_bytes = 64u << 20;
 
+/// The limits above, as every store checks them before anything else.
+inline status check_store_sizes(const std::string& key, std::size_t value_len) {
+  if (key.empty() || key.size() > max_store_key_bytes)
+    return make_error(errc::invalid_argument, "store key of %zu bytes (must be 1..%zu)", key.size(),
+                      max_store_key_bytes);
+  if (value_len > max_store_value_bytes)
+    return make_error(errc::invalid_argument, "store value of %zu bytes (max %zu)", value_len, max_store_value_bytes);
+  return {};
+}
+
 class store {
  public:
   virtual ~store() = default;

@@ -156,7 +156,7 @@ class store_client final : public cclite::store {
   static long long elapsed_ms(clock::time_point t0) { return detail::elapsed_ms(t0); }
 
   static status check_args(const std::string& key, std::size_t value_len) {
-    return detail::check_store_args(key, value_len);
+    return check_store_sizes(key, value_len);
   }
 
   status server_error(const std::string& key, const std::string& msg) const {

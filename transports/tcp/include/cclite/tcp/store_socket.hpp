@@ -32,17 +32,6 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::tcp::detail {
 
-/// The limits every store client checks before sending (store.hpp).
-inline status check_store_args(const std::string& key, std::size_t value_len) {
-  if (key.empty() || key.size() > max_store_key_bytes)
-    return make_error(errc::invalid_argument, "store key of %zu bytes (must be 1..%zu)", key.size(),
-                      max_store_key_bytes);
-  if (value_len > max_store_value_bytes)
-    return make_error(errc::invalid_argument, "store value of %zu bytes for key '%s' (max %zu)", value_len,
-                      proto::printable(key).c_str(), max_store_value_bytes);
-  return {};
-}
-
 inline long long elapsed_ms(clock::time_point t0) {
   return static_cast<long long>(std::chrono::duration_cast<milliseconds>(clock::now() - t0).count());
 }
