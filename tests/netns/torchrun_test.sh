@@ -43,20 +43,31 @@ show() {
 }
 # count FILE PATTERN: lines matching
 count() { grep -c -- "$2" "$TMP/$1"; }
-port() { echo $((20000 + ($$ * 7 + $1 * 1009) % 30000)); }
+# A port below Linux's ephemeral range (32768+, which the other tests' own
+# connections use); try_ports retries with others when torchrun's agent could
+# not bind it.
+port() { echo $((20000 + ($$ * 7 + $1 * 1009) % 12000)); }
+# try_ports LOG K TORCHRUN-ARGS...: runs $TORCHRUN --master_port P ARGS for up
+# to three ports P from port K; rc in $rc.
+try_ports() {
+  log=$1 k=$2
+  shift 2
+  for try in 0 1 2; do
+    $TORCHRUN --master_port "$(port $((k + try * 10)))" "$@" >"$TMP/$log" 2>&1
+    rc=$?
+    grep -q "Address already in use" "$TMP/$log" || break
+  done
+}
 
 # 1. Static rendezvous: torchrun's agent hosts the store.
-$TORCHRUN --nproc_per_node 2 --master_port "$(port 1)" --no_python "$BIN/hello_allreduce" >"$TMP/static.log" 2>&1
-rc=$?
+try_ports static.log 1 --nproc_per_node 2 --no_python "$BIN/hello_allreduce"
 show static.log
 [ "$rc" = 0 ] || fail "hello_allreduce under torchrun (static) exited $rc"
 [ "$(count static.log 'sum of ranks = 1 (correct)')" = 2 ] || fail "static: not both ranks correct"
 grep -q "rendezvous through torchrun's store at .*TORCHELASTIC_USE_AGENT_STORE=True" "$TMP/static.log" ||
   fail "static: the log does not say the ranks met in torchrun's store"
 
-$TORCHRUN --nproc_per_node 3 --master_port "$(port 2)" --no_python "$BIN/collectives_check" --count 65536 \
-  >"$TMP/coll.log" 2>&1
-rc=$?
+try_ports coll.log 2 --nproc_per_node 3 --no_python "$BIN/collectives_check" --count 65536
 show coll.log
 [ "$rc" = 0 ] || fail "collectives_check under torchrun (static) exited $rc"
 [ "$(count coll.log 'checks passed')" = 3 ] || fail "static: not all 3 ranks passed collectives_check"
@@ -76,9 +87,7 @@ if [ "\$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "\$RANK" = 1 ]; then sleep 2; ech
 exec "$BIN/collectives_check" --count 65536
 EOF
 chmod +x "$TMP/flaky.sh"
-$TORCHRUN --nproc_per_node 2 --max_restarts 1 --master_port "$(port 3)" --no_python "$TMP/flaky.sh" \
-  >"$TMP/restart.log" 2>&1
-rc=$?
+try_ports restart.log 3 --nproc_per_node 2 --max_restarts 1 --no_python "$TMP/flaky.sh"
 show restart.log
 [ "$rc" = 0 ] || fail "torchrun --max_restarts 1 exited $rc"
 grep -q "rank 1 fails in attempt 0" "$TMP/restart.log" || fail "restart: the first attempt did not fail as planned"
