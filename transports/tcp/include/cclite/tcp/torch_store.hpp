@@ -145,7 +145,8 @@ class torch_store_client final : public cclite::store {
   result<bool> check(const std::string& key) override {
     CCLITE_TRY(check_args(key, 0));
     std::uint8_t r = 0;
-    CCLITE_TRY(round_trip("check", key, true, deadline::after(op_timeout_), keys_query(q_check, {key}), &r, 1, nullptr));
+    CCLITE_TRY(
+        round_trip("check", key, true, deadline::after(op_timeout_), keys_query(q_check, {key}), &r, 1, nullptr));
     if (r > 1) return bad_reply("check", key);
     return r == 0;
   }
@@ -192,8 +193,8 @@ class torch_store_client final : public cclite::store {
   }
   status bad_reply(const char* op, const std::string& key) {
     sock_.close();
-    return make_error(errc::protocol_error, "malformed reply to %s from torchrun's store at %s", during(op, key).c_str(),
-                      endpoint().c_str());
+    return make_error(errc::protocol_error, "malformed reply to %s from torchrun's store at %s",
+                      during(op, key).c_str(), endpoint().c_str());
   }
 
   // Sends query `q` about `key` and reads its reply: `n` bytes into `reply`,
@@ -210,7 +211,8 @@ class torch_store_client final : public cclite::store {
         std::string why;
         if (!connect_once(deadline::min(until, deadline::after(op_timeout_)), why)) {
           if (!fatal_.ok()) return fatal_;
-          return make_error(errc::peer_lost, "lost connection to torchrun's store at %s (its agent gone?) before %s: %s",
+          return make_error(errc::peer_lost,
+                            "lost connection to torchrun's store at %s (its agent gone?) before %s: %s",
                             endpoint().c_str(), what.c_str(), why.c_str());
         }
       }
