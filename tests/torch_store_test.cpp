@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -196,6 +197,31 @@ TEST_CASE("torch store client: unreachable, lost and foreign servers") {
     REQUIRE_FALSE(c.ok());
     CHECK(c.error().code() == errc::protocol_error);
     CHECK(contains(c.error().message(), "cclite store, not torchrun's"));
+  }
+  SUBCASE("a reply announcing more than a store value may hold is refused, not allocated") {
+    test::loopback_listener l(1);
+    REQUIRE(l.fd >= 0);
+    std::thread t([&l] {
+      pollfd pf{l.fd, POLLIN, 0};
+      if (::poll(&pf, 1, 5000) != 1) return;
+      const int s = ::accept(l.fd, nullptr, nullptr);
+      char buf[4096];
+      (void)::recv(s, buf, sizeof buf, 0);  // the wait of get(): answer "present" with torch 1.x's 0
+      (void)::send(s, "\0", 1, MSG_NOSIGNAL);
+      (void)::recv(s, buf, sizeof buf, 0);  // the get itself: a length of 2^40
+      const std::uint64_t huge = std::uint64_t(1) << 40;
+      (void)::send(s, &huge, sizeof huge, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(milliseconds(300));
+      ::close(s);
+    });
+    auto c = tcp::torch_store_client::connect("127.0.0.1", l.port, deadline::after(milliseconds(3000)),
+                                              milliseconds(3000), prefix, dialect::torch1);
+    REQUIRE_MESSAGE(c.ok(), c.error().to_string());
+    auto v = c.value()->get("k", deadline::after(milliseconds(3000)));
+    t.join();
+    REQUIRE_FALSE(v.ok());
+    CHECK(v.error().code() == errc::protocol_error);
+    CHECK(contains(v.error().message(), "malformed reply to get of key 'k'"));
   }
   SUBCASE("a server that answers something else") {
     test::loopback_listener l(1);
