@@ -10,7 +10,9 @@
 #   3. a restart (--max_restarts 1): rank 1 fails before init in the first
 #      attempt; the second attempt passes, reading nothing the first one left
 #      in the store that outlived it (keys are per TORCHELASTIC_RESTART_COUNT);
-#   4. two simulated nodes (nodes.sh, root only), static rendezvous: node 1's
+#   4. the other way round: a torch.distributed program (gloo) under cclite-run,
+#      which sets torchrun's variables for its workers;
+#   5. two simulated nodes (nodes.sh, root only), static rendezvous: node 1's
 #      ranks meet in node 0's agent store; every collective passes, over shm
 #      inside a node and tcp between them.
 # Exit 0 pass, 1 fail, 77 skipped (no torchrun: scripts/install-deps.sh installs
@@ -93,7 +95,28 @@ show restart.log
 grep -q "rank 1 fails in attempt 0" "$TMP/restart.log" || fail "restart: the first attempt did not fail as planned"
 [ "$(count restart.log 'checks passed')" = 2 ] || fail "restart: not both ranks of the second attempt passed"
 
-# 4. Two simulated nodes, static rendezvous at node 0's agent.
+# 4. The other way round: a torch.distributed program (gloo) under cclite-run,
+#    which sets torchrun's variables.
+PY=$(head -n 1 "$(command -v torchrun)" | sed 's/^#! *//')
+if [ -x "$BIN/cclite-run" ] && $PY -c "import torch.distributed" 2>/dev/null; then
+  cat >"$TMP/tdist.py" <<'EOF2'
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print("torch rank %d of %d: sum %s" % (dist.get_rank(), dist.get_world_size(), t.tolist()), flush=True)
+dist.destroy_process_group()
+EOF2
+  timeout -k 5 120 "$BIN/cclite-run" --nproc-per-node 3 $PY "$TMP/tdist.py" >"$TMP/torch_prog.log" 2>&1
+  rc=$?
+  show torch_prog.log
+  [ "$rc" = 0 ] || fail "a torch.distributed program under cclite-run exited $rc"
+  [ "$(count torch_prog.log 'of 3: sum \[6.0, 6.0, 6.0, 6.0\]')" = 3 ] || fail "torch program: not all 3 ranks reduced"
+else
+  echo "torch program under cclite-run skipped: no cclite-run or torch.distributed"
+fi
+
+# 5. Two simulated nodes, static rendezvous at node 0's agent.
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null 2>&1; then
   . "$HERE/nodes.sh"
   (nodes_require) >/dev/null 2>&1 && NODES=1
