@@ -21,9 +21,9 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include <cclite/config.hpp>
-#include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/tcp/store_protocol.hpp>
