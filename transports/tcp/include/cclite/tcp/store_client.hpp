@@ -191,11 +191,11 @@ class store_client final : public cclite::store {
 
   void close() { sock_.close(); }
 
+  static status greeter(void* me, deadline until) { return static_cast<store_client*>(me)->handshake(until); }
+
   // One connection attempt over every address, with the job-token handshake.
   bool connect_once(deadline until, std::string& why) {
-    return sock_.connect_once(
-        until, deadline::min(until, deadline::after(op_timeout_)), why, fatal_,
-        [](void* me, deadline t) { return static_cast<store_client*>(me)->handshake(t); }, this);
+    return sock_.connect_once(until, deadline::min(until, deadline::after(op_timeout_)), why, fatal_, greeter, this);
   }
 
   // The job-token handshake on a freshly connected socket (store_protocol.hpp).
@@ -238,22 +238,9 @@ class store_client final : public cclite::store {
   // while rank 0 is still starting, or closed at once by a server at its
   // connection cap, are both worth retrying; a wrong token is not.
   status connect_until(deadline until) {
-    auto t0 = clock::now();
-    milliseconds backoff(10);
-    std::string why;
-    for (;;) {
-      if (connect_once(until, why)) return {};
-      if (!fatal_.ok()) return fatal_;
-      if (until.expired())
-        return make_error(
-            errc::timeout,
-            "could not connect to the rendezvous store at %s within %lld ms (last error: %s); is "
-            "rank 0 running, and do all ranks use the same CCLITE_RDZV_ENDPOINT (or "
-            "MASTER_ADDR:MASTER_PORT)?",
-            endpoint().c_str(), elapsed_ms(t0), why.c_str());
-      sock_.sleep_ms(static_cast<int>(std::min(backoff, until.remaining()).count()));
-      backoff = std::min(backoff * 2, milliseconds(1000));
-    }
+    return sock_.connect_until(until, op_timeout_, fatal_, greeter, this, "the rendezvous store",
+                               "is rank 0 running, and do all ranks use the same CCLITE_RDZV_ENDPOINT (or "
+                               "MASTER_ADDR:MASTER_PORT)?");
   }
 
   // A round trip, reconnecting first if an earlier call broke the connection.

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -135,6 +136,26 @@ class store_socket {
     ::freeaddrinfo(res);
     if (!ok && why.empty()) why = "no address";
     return ok;
+  }
+
+  /// connect_once() (each greeting bounded by `greet_cap` too), retried with
+  /// backoff (10 ms doubling to 1 s) until it works, fails for good
+  /// (`fatal`), or `until` passes: then errc::timeout, "could not connect to
+  /// `what` at host:port within N ms (last error: ...); `hint`".
+  status connect_until(deadline until, milliseconds greet_cap, status& fatal, greeter greet, void* ctx,
+                       const char* what, const char* hint) {
+    auto t0 = clock::now();
+    milliseconds backoff(10);
+    std::string why;
+    for (;;) {
+      if (connect_once(until, deadline::min(until, deadline::after(greet_cap)), why, fatal, greet, ctx)) return {};
+      if (!fatal.ok()) return fatal;
+      if (until.expired())
+        return make_error(errc::timeout, "could not connect to %s at %s within %lld ms (last error: %s); %s", what,
+                          endpoint_.c_str(), elapsed_ms(t0), why.c_str(), hint);
+      sleep_ms(static_cast<int>(std::min(backoff, until.remaining()).count()));
+      backoff = std::min(backoff * 2, milliseconds(1000));
+    }
   }
 
   /// Moves all `n` bytes or fails; any failure closes the connection. `during`

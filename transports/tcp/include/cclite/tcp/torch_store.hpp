@@ -75,20 +75,10 @@ class torch_store_client final : public cclite::store {
                                                              deadline until, milliseconds op_timeout,
                                                              std::string key_prefix, dialect d = dialect::unknown) {
     std::unique_ptr<torch_store_client> c(new torch_store_client(host, port, op_timeout, std::move(key_prefix), d));
-    auto t0 = clock::now();
-    milliseconds backoff(10);
-    std::string why;
-    for (;;) {
-      if (c->connect_once(until, why)) return {std::move(c)};
-      if (!c->fatal_.ok()) return c->fatal_;
-      if (until.expired())
-        return make_error(errc::timeout,
-                          "could not connect to torchrun's store at %s within %lld ms (last error: %s); is the "
-                          "agent of the first node running, and is MASTER_ADDR:MASTER_PORT reachable from here?",
-                          c->sock_.endpoint().c_str(), elapsed_ms(t0), why.c_str());
-      c->sock_.sleep_ms(static_cast<int>(std::min(backoff, until.remaining()).count()));
-      backoff = std::min(backoff * 2, milliseconds(1000));
-    }
+    CCLITE_TRY(c->sock_.connect_until(until, op_timeout, c->fatal_, greeter, c.get(), "torchrun's store",
+                                      "is the agent of the first node running, and is MASTER_ADDR:MASTER_PORT "
+                                      "reachable from here?"));
+    return {std::move(c)};
   }
 
   /// "host:port" of the store.
@@ -231,10 +221,9 @@ class torch_store_client final : public cclite::store {
     }
   }
 
+  static status greeter(void* me, deadline until) { return static_cast<torch_store_client*>(me)->greet(until); }
   bool connect_once(deadline until, std::string& why) {
-    return sock_.connect_once(
-        until, deadline::min(until, deadline::after(op_timeout_)), why, fatal_,
-        [](void* me, deadline t) { return static_cast<torch_store_client*>(me)->greet(t); }, this);
+    return sock_.connect_once(until, deadline::min(until, deadline::after(op_timeout_)), why, fatal_, greeter, this);
   }
 
   // The opening of a connection: torch 2.x's validate. The very first one
