@@ -35,4 +35,12 @@ $SUDO apt-get install -y -qq --no-install-recommends openmpi-bin libopenmpi-dev 
 # python3-torch: a real torchrun for the torchrun launch test (tests/netns/torchrun_test.sh;
 # skipped without it). Large (~150 MB), and only the test uses it: cclite needs no Python.
 $SUDO apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+# A Debian 13 root with torch 2.x's torchrun for tests/netns/torchrun_torch2.sh (about
+# 1 GB in /var/tmp/cclite-torch2, a few minutes; root only: debootstrap and chroot).
+# Not fatal: without it that one test is skipped and says how to make the root.
+# CCLITE_NO_TORCH2_ROOT=1 leaves it out.
+if [ "$(id -u)" -eq 0 ] && [ "${CCLITE_NO_TORCH2_ROOT:-0}" != 1 ]; then
+  "$(dirname "$0")/torch2-root.sh" ||
+    echo "install-deps: no torch 2.x root (above); ctest torchrun_launch_torch2 will be skipped"
+fi
 echo "install-deps: done"

@@ -25,5 +25,10 @@ endif()
 if(TARGET hello_allreduce)
   add_test(NAME torchrun_launch COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/torchrun_test.sh)
   set_tests_properties(torchrun_launch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 400 LABELS launch
-    ENVIRONMENT "CCLITE_BIN_DIR=${CMAKE_RUNTIME_OUTPUT_DIRECTORY}")
+    RESOURCE_LOCK torchrun ENVIRONMENT "CCLITE_BIN_DIR=${CMAKE_RUNTIME_OUTPUT_DIRECTORY}")
+  # The same cases under torch 2.x's torchrun, in the Debian 13 root that
+  # scripts/torch2-root.sh makes (skipped without it; root only).
+  add_test(NAME torchrun_launch_torch2 COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/torchrun_torch2.sh)
+  set_tests_properties(torchrun_launch_torch2 PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 400 LABELS launch
+    RESOURCE_LOCK torchrun ENVIRONMENT "CCLITE_BIN_DIR=${CMAKE_RUNTIME_OUTPUT_DIRECTORY}")
 endif()

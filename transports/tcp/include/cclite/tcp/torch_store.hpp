@@ -32,10 +32,11 @@
 // key "\0") and 2.x as add(key "\x01", delta 0), 18 bytes:
 //   04 | 01 00 00 00 00 00 00 00 | 01 00 00 00 00 00 00 00 | 00
 // and the first byte of the reply names the dialect: 1 (1.x: not ready) or 0
-// (2.x: the value 0). torch 2.0-2.3's server closes the connection instead
-// (2.x too), and 2.4's libuv server keeps the bytes until more arrive, so each
-// 100 ms without a reply adds a query every dialect answers harmlessly
-// (probe()). The probe's connection is then replaced by a fresh one.
+// (2.x: the value 0). torch 2.x's classic server (2.0-2.3; later ones with
+// USE_LIBUV=0, as tests/netns/torchrun_torch2.sh runs 2.6) closes the
+// connection instead (2.x too), and 2.4's libuv server keeps the bytes until
+// more arrive, so each 100 ms without a reply adds a query every dialect
+// answers harmlessly (probe()). The probe's connection is then replaced by a fresh one.
 // CCLITE_TORCH_STORE_PROTOCOL=1 or 2 skips the probe. A cclite store at that
 // port (its 40-byte challenge) is named as such.
 //
@@ -263,7 +264,7 @@ class torch_store_client final : public cclite::store {
     }
     if (!n) {
       if (n.error().code() != errc::peer_lost) return n.error();
-      dialect_ = dialect::torch2;  // closed on an unvalidated query: torch 2.0-2.3's server
+      dialect_ = dialect::torch2;  // closed on an unvalidated query: torch 2.x's classic server
       return {};
     }
     if (n.value() >= 4 && std::memcmp(r, "CCST", 4) == 0)
