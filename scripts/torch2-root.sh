@@ -16,6 +16,8 @@
 set -eu
 DIR=${1:-${CCLITE_TORCH2_ROOT:-/var/tmp/cclite-torch2}}
 MIRROR=${CCLITE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# trixie (Debian 13, stable: torch 2.6) for CI; sid (unstable) has the newest torch.
+SUITE=${CCLITE_TORCH2_SUITE:-trixie}
 [ -f "$DIR/.cclite-torch2" ] && { echo "torch2-root: $DIR is ready ($(cat "$DIR/.cclite-torch2"))"; exit 0; }
 [ "$(id -u)" = 0 ] || { echo "torch2-root: needs root (debootstrap, chroot)" >&2; exit 1; }
 command -v debootstrap >/dev/null 2>&1 ||
@@ -24,8 +26,8 @@ command -v unshare >/dev/null 2>&1 || { echo "torch2-root: needs unshare (util-l
 
 mkdir -p "$DIR"
 if [ ! -x "$DIR/usr/bin/apt-get" ]; then
-  echo "torch2-root: debootstrap trixie into $DIR (a few minutes)"
-  debootstrap --variant=minbase trixie "$DIR" "$MIRROR" >"$DIR.debootstrap.log" 2>&1 ||
+  echo "torch2-root: debootstrap $SUITE into $DIR (a few minutes)"
+  debootstrap --variant=minbase "$SUITE" "$DIR" "$MIRROR" >"$DIR.debootstrap.log" 2>&1 ||
     { tail -n 20 "$DIR.debootstrap.log" >&2; echo "torch2-root: debootstrap failed (log: $DIR.debootstrap.log)" >&2; exit 1; }
   rm -f "$DIR.debootstrap.log"
 fi
@@ -41,7 +43,9 @@ in_root() {
     in_root "$DIR" "$@"
 }
 echo "torch2-root: installing python3-torch in $DIR"
-in_root sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-torch iproute2 procps >/dev/null' ||
+# Check-Valid-Until=false: sid's Release file is valid for a week, and a mirror
+# snapshot older than that is refused otherwise (signatures are still checked).
+in_root sh -c 'apt-get -o Acquire::Check-Valid-Until=false update -qq && apt-get install -y -qq --no-install-recommends python3-torch iproute2 procps >/dev/null' ||
   { echo "torch2-root: installing python3-torch in $DIR failed; remove $DIR to start over" >&2; exit 1; }
 
 if ! in_root python3 -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True, use_libuv=True)' 2>/dev/null; then
