@@ -4,7 +4,8 @@
 // parent, parent and child calls alternate correctly on one link, a child
 // outlives its parent, calls issued in different orders are reported as a
 // mismatch, abort() reaches the whole family. Also CCLITE_COST_MEASURE=1:
-// every rank (and every child) charges the same measured figures.
+// every rank (and every child) charges the same measured figures. And dup():
+// a communicator of the same ranks with connections of its own.
 #include <cclite/cclite.hpp>
 
 #include <doctest/doctest.h>
@@ -12,10 +13,13 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/comm.hpp"
@@ -219,6 +223,67 @@ TEST_CASE("split: parent and child in different orders on two ranks is a mismatc
     MP_CHECK(!st2.ok());
     return 0;
   });
+}
+
+// dup(): the same ranks over connections of its own. Each rank drives the
+// parent and its dup from two threads, started in opposite orders on
+// neighbouring ranks and jittered per call, so the two communicators' calls
+// interleave differently on every rank: with split() that is the mismatch
+// above; with dup() every result is right. The dup opened connections, and
+// aborting it leaves the parent working.
+void dup_from_two_threads(int size, net how) {
+  test::temp_dir dir;
+  run(size, how, "", [&](int rank, int n) {
+    auto kv = test::open_dir_store(dir.path);
+    auto c = test::make_comm(*kv, rank, n);
+    int bad = check_alltoall_in_place(*c, 100);  // every pair connected
+    const conns before = count_conns();
+    auto d = c->dup();
+    MP_REQUIRE_OK(d);
+    MP_CHECK(d.value()->rank() == rank && d.value()->size() == n);
+    bad += check_alltoall_in_place(*d.value(), 100);
+    const conns after = count_conns();
+    MP_CHECK(after.sockets + after.shm_maps > before.sockets + before.shm_maps);
+    constexpr int rounds = 200;
+    std::atomic<int> wrong{0}, failed{0};
+    auto drive = [&](default_communicator& comm, std::int64_t base, unsigned seed) {
+      for (int i = 0; i < rounds; ++i) {
+        if ((seed = seed * 1103515245u + 12345u) >> 30 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        std::int64_t x = base + rank + i, sum = 0;
+        status st = comm.allreduce(&x, &sum, 1, reduce_op::sum);
+        if (!st.ok()) {
+          if (failed++ == 0) std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+          return;
+        }
+        wrong += sum != n * (base + i) + tri(n);
+      }
+    };
+    {
+      std::thread first, second;
+      if (rank % 2 == 0) {
+        first = std::thread(drive, std::ref(*c), 0, 17u * rank + 1);
+        second = std::thread(drive, std::ref(*d.value()), 1000000, 31u * rank + 7);
+      } else {
+        first = std::thread(drive, std::ref(*d.value()), 1000000, 31u * rank + 7);
+        second = std::thread(drive, std::ref(*c), 0, 17u * rank + 1);
+      }
+      first.join();
+      second.join();
+    }
+    MP_CHECK(failed == 0);
+    MP_CHECK(wrong == 0);
+    d.value()->abort();  // a family of its own: the parent goes on
+    MP_CHECK(d.value()->barrier().code() == errc::aborted);
+    bad += check_sum(*c, rank, tri(n));
+    MP_CHECK(bad == 0);
+    return 0;
+  });
+}
+
+TEST_CASE("dup: connections of its own; parent and dup driven from two threads in any order") {
+  dup_from_two_threads(2, net::shm_only);
+  dup_from_two_threads(3, net::tcp_only);
+  dup_from_two_threads(4, net::mixed);
 }
 
 TEST_CASE("split: abort() on a child aborts the family") {

@@ -24,7 +24,9 @@
 // (link_pool.hpp): their collectives run one at a time (a lock), and each
 // pair of ranks must issue them in the same order, or the calls report
 // errc::mismatch. Using them from two threads at once is allowed but only
-// useful when that order is fixed by the application (as with NCCL).
+// useful when that order is fixed by the application (as with NCCL); for a
+// communicator that another thread drives on its own schedule, dup() makes
+// one with connections of its own.
 #pragma once
 
 #include <algorithm>
@@ -359,6 +361,19 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     return make_child(ranks, where, std::move(opts), false);
   }
 
+  /// A new communicator of the same ranks, numbered alike, with connections
+  /// of its own (MPI_Comm_dup; ncclCommSplit with splitShare = 0): unlike a
+  /// split() child, its calls need no order against this communicator's
+  /// family, so another thread may drive it (a progress thread, CUDA host
+  /// functions) while this one is used. It meets the others through the store
+  /// and connects afresh, as create() does (opts likewise; opts.store_prefix
+  /// is ignored): a full set-up, not a cheap call. Every rank must call it,
+  /// as often as the others. Errors: those of create().
+  result<std::unique_ptr<communicator>> dup(comm_options opts = {}) {
+    opts.store_prefix = prefix_ + "dup" + std::to_string(++dups_);
+    return create(core::user_kv_, rank_, size_, std::move(opts));
+  }
+
   /// A new communicator of the ranks not in `exclude`, numbered in their
   /// order here (NCCL's ncclCommShrink, MPI's MPI_Comm_shrink): after a
   /// peer_lost naming rank 3, the others call shrink({3}) and go on without
@@ -541,6 +556,7 @@ CCLITE_SETUP_CODE_END
 
   int splits_ = 0;
   int shrinks_ = 0;
+  int dups_ = 0;
   detail::call_group group_;  // the open group's calls
   device_hook* device_ = nullptr;  // set_device_hook()
   // Reused between calls so that steady-state collectives do not allocate.

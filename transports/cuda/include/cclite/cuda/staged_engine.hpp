@@ -10,9 +10,9 @@
 //                  this rank's device data into the pinned slot (device -> host),
 //                  records `down`
 //   host stream    waits for `down`, runs a CUDA host function that calls the CPU
-//                  collective on the slot (on a communicator split off for the
-//                  engine, so it never interleaves with the caller's CPU calls),
-//                  records `reduced`
+//                  collective on the slot (on the engine's own communicator,
+//                  with connections of its own, so that it needs no order
+//                  against the caller's CPU calls), records `reduced`
 //   caller stream  waits for `reduced`, copies the result out of the slot (host ->
 //                  device), records the slot's `up` ("slot free")
 // The copy stream waits once per call for the work already on the caller's
@@ -92,16 +92,23 @@ struct native_config {
 template <class Comm>
 class staged_engine {
  public:
-  /// Collective over `host`: splits the engine's communicator off it, then
+  /// Collective over `host`: makes the engine's communicators from it, then
   /// allocates the pinned slots, events and streams on the current device.
   static result<std::unique_ptr<staged_engine>> create(Comm& host, const native_config& c) {
     std::unique_ptr<staged_engine> e(new staged_engine(c));
-    auto chan = host.split(0, host.rank());  // same ranks, same order: roots carry over
+    // The host functions' communicator runs on the CUDA runtime's thread, on
+    // the stream's schedule: when one rank's host function runs before a call
+    // of the calling thread and another rank's after it, communicators that
+    // share links (split()) would see them in different orders (errc::mismatch;
+    // link_pool.hpp). So it has connections of its own (dup()): the calling
+    // thread's calls on `host`, its split() children (this engine's agree_,
+    // the CUDA IPC engine's barriers) and the application's CPU collectives
+    // need no order against it. Same ranks, same order: roots carry over.
+    auto chan = host.dup();
     if (!chan) return chan.error();
     e->chan_ = std::move(chan.value());
     // A second one, used from the calling thread only: alltoallv's agreement on
-    // its number of chunks (chan_ belongs to the host functions, and calls from
-    // two threads on one communicator would not match across ranks).
+    // its number of chunks.
     auto agree = host.split(0, host.rank());
     if (!agree) return agree.error();
     e->agree_ = std::move(agree.value());
