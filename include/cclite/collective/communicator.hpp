@@ -366,10 +366,13 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// split() child, its calls need no order against this communicator's
   /// family, so another thread may drive it (a progress thread, CUDA host
   /// functions) while this one is used. It meets the others through the store
-  /// and connects afresh, as create() does (opts likewise; opts.store_prefix
-  /// is ignored): a full set-up, not a cheap call. Every rank must call it,
+  /// and connects afresh, as create() does: a full set-up, not a cheap call.
+  /// opts as for split(): the timeout and chunk size left unset are this
+  /// communicator's; opts.store_prefix is ignored. Every rank must call it,
   /// as often as the others. Errors: those of create().
   result<std::unique_ptr<communicator>> dup(comm_options opts = {}) {
+    if (opts.timeout.count() == -2) opts.timeout = timeout_;
+    if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
     opts.store_prefix = prefix_ + "dup" + std::to_string(++dups_);
     return create(core::user_kv_, rank_, size_, std::move(opts));
   }
