@@ -14,7 +14,9 @@
 #      which sets torchrun's variables for its workers;
 #   5. two simulated nodes (nodes.sh, root only), static rendezvous: node 1's
 #      ranks meet in node 0's agent store; every collective passes, over shm
-#      inside a node and tcp between them.
+#      inside a node and tcp between them;
+#   6. the same two nodes with the c10d rendezvous (--rdzv_endpoint at node 0):
+#      torch >= 2.4's workers meet in the agents' store, torch 1.x's in cclite's.
 # Exit 0 pass, 1 fail, 77 skipped (no torchrun: scripts/install-deps.sh installs
 # python3-torch). Every wait is bounded.
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -121,25 +123,49 @@ if [ "$(id -u)" = 0 ] && command -v ip >/dev/null 2>&1; then
   . "$HERE/nodes.sh"
   (nodes_require) >/dev/null 2>&1 && NODES=1
 fi
-if [ -n "$NODES" ]; then
-  nodes_up 2
-  m=$(node_addr 0)
+# on_two_nodes NAME TORCHRUN-ARGS...: the same torchrun line on both nodes
+# (--node_rank $i where the args say NODE_RANK), collectives_check on 2 ranks
+# each; every check passed, and the ranks reached the other node over tcp.
+on_two_nodes() {
+  name=$1
+  shift
   for i in 0 1; do
-    node_run "$i" "$TMP/node$i.log" $TORCHRUN --nnodes 2 --node_rank "$i" --master_addr "$m" --master_port 29500 \
+    node_run "$i" "$TMP/$name$i.log" $TORCHRUN $(echo "$@" | sed "s/NODE_RANK/$i/") \
       --nproc_per_node 2 --no_python "$BIN/collectives_check" --count 262144
   done
   for i in 0 1; do
     node_wait "$i" 180
     eval "rc=\$NODE_RC_$i"
-    show "node$i.log"
-    [ "$rc" = 0 ] || fail "node $i: torchrun exited $rc"
-    [ "$(count "node$i.log" 'checks passed')" = 2 ] || fail "node $i: not both ranks passed"
-    grep -q "(node$((1 - i)), pid [0-9]*): via tcp" "$TMP/node$i.log" || fail "node $i: no tcp peer on the other node"
+    show "$name$i.log"
+    [ "$rc" = 0 ] || fail "$name, node $i: torchrun exited $rc"
+    [ "$(count "$name$i.log" 'checks passed')" = 2 ] || fail "$name, node $i: not both ranks passed"
+    grep -q "(node$((1 - i)), pid [0-9]*): via tcp" "$TMP/$name$i.log" || fail "$name, node $i: no tcp peer on the other node"
   done
+}
+if [ -n "$NODES" ]; then
+  nodes_up 2
+  m=$(node_addr 0)
+  on_two_nodes node --nnodes 2 --node_rank NODE_RANK --master_addr "$m" --master_port 29500
   grep -q "rendezvous through torchrun's store at $m:29500" "$TMP/node1.log" ||
     fail "node 1: its ranks did not meet in node 0's agent store"
+
+  # 6. The same nodes with the c10d rendezvous at node 0 (torchrun's usual
+  #    multi-node line), by host name as on a cluster: torch's agent hosts the
+  #    rendezvous store where the endpoint names its own host name, so every
+  #    node gets an /etc/hosts naming the others (and itself 127.0.1.1, as
+  #    Debian does). torch >= 2.4 tells its workers to use that agent store;
+  #    torch 1.x does not, and worker rank 0 hosts cclite's own store at the
+  #    MASTER_PORT node 0's agent picked.
+  nodes_hosts
+  on_two_nodes c10d --nnodes 2 --rdzv_backend c10d --rdzv_endpoint node0:29400 --rdzv_id cclite-c10d
+  if $PY -c 'import sys, torch; v = torch.__version__.split("."); sys.exit((int(v[0]), int(v[1])) < (2, 4))'; then
+    grep -q "rendezvous through torchrun's store" "$TMP/c10d1.log" ||
+      fail "c10d: torch >= 2.4, but node 1's ranks did not meet in the agents' store"
+  elif grep -q "rendezvous through torchrun's store" "$TMP/c10d1.log"; then
+    fail "c10d: torch < 2.4 says TORCHELASTIC_USE_AGENT_STORE=False, yet the ranks used its store"
+  fi
 else
-  echo "two-node case skipped: needs root and ip netns"
+  echo "two-node cases skipped: need root and ip netns"
 fi
 
 [ "$STATUS" = 0 ] && rm -rf "$TMP" && echo "PASS"
