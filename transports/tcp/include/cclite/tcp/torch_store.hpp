@@ -36,9 +36,9 @@
 // USE_LIBUV=0, as tests/netns/torchrun_torch2.sh runs 2.6) closes the
 // connection instead (2.x too), and 2.4's libuv server keeps the bytes until
 // more arrive, so each 100 ms without a reply adds a query every dialect
-// answers harmlessly (probe()). The probe's connection is then replaced by a fresh one.
-// CCLITE_TORCH_STORE_PROTOCOL=1 or 2 skips the probe. A cclite store at that
-// port (its 40-byte challenge) is named as such.
+// answers harmlessly (probe()). The probe's connection is then replaced by a
+// fresh one. CCLITE_TORCH_STORE_PROTOCOL=1 or 2 skips the probe. A cclite
+// store at that port (its 40-byte challenge) is named as such.
 //
 // Thread safety: one thread at a time (as for every cclite::store).
 #pragma once
