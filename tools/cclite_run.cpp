@@ -5,7 +5,8 @@
 //
 // See tools/README.md and `cclite-run --help`. The pieces live in tools/run/:
 // options.hpp (command line), job.hpp (rendezvous address, worker environment),
-// agent.hpp (the nodes' agents meet, round after round), placement.hpp (what a
+// agent.hpp (the nodes' agents meet, round after round; agent_round.hpp one
+// round, agent_state.hpp what they share), placement.hpp (what a
 // round decides: ranks, MASTER_ADDR), node_watch.hpp (heartbeats, failures,
 // newcomers), logs.hpp (--log-dir), devices.hpp (--nproc-per-node gpu|cpu),
 // slurm.hpp (under srun), worker.hpp (fork/exec), line_splitter.hpp (output

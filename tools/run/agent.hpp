@@ -31,37 +31,39 @@
 //
 // Every wait has a deadline: --rdzv-timeout for joining, --node-timeout for
 // liveness, a few seconds for leaving.
+//
+// The pieces: agent_state.hpp (what the agent knows, key names, waits,
+// failures, the host's lingering), agent_round.hpp (one round: claim, close,
+// exchange, MASTER_ADDR/PORT), and here the agent itself (joining the job,
+// the next round, the exit barrier, leaving).
 #pragma once
 
 #include <poll.h>
-#include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
-#include <functional>
+#include <cstdint>
 #include <cstdlib>
-#include <memory>
-#include <mutex>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
-#include <vector>
+#include <utility>
 
 #include <cclite/tcp/ifname.hpp>
 #include <cclite/tcp/store_client.hpp>
 #include <cclite/tcp/store_server.hpp>
 
+#include "agent_round.hpp"
+#include "agent_state.hpp"
 #include "job.hpp"
 #include "net.hpp"
 #include "node_watch.hpp"
 #include "options.hpp"
-#include "placement.hpp"
 #include "posix.hpp"
 
 namespace cclite::run {
 
-class agent {
+class agent : private agent_round {
  public:
   agent() = default;
   agent(const agent&) = delete;
@@ -197,226 +199,6 @@ class agent {
   }
 
  private:
-  /// One round of the rendezvous: claim a node rank, wait until the round is
-  /// closed (all MAX nodes, or MIN and --rdzv-last-call without newcomers),
-  /// exchange the nodes' details, agree on MASTER_ADDR/PORT, start watching.
-  std::string join_round(rendezvous& r, deadline until) {
-    node_ = -1;
-    nodes_.clear();
-    group_ = 0;
-    std::string err;
-    for (;;) {
-      if (server_) {
-        // The host opens each round: it takes node 0 (unless pinned elsewhere)
-        // and only then announces the round, so the endpoint's machine is node 0.
-        if (o_->node_rank <= 0) {
-          auto n = store_->add(key("claim/0"), 1);
-          if (!n.ok()) return ok_or(n.error());
-          if (n.value() == 1) node_ = 0;
-        }
-        err = ok_or(store_->set(gkey("round"), std::to_string(round_)));
-      } else {
-        err = wait_round(until);
-      }
-      if (err.empty()) err = claim_node_rank();
-      if (!err.empty()) break;
-
-      err = ok_or(store_->set(key("hb/" + me()), "0"));
-      if (err.empty())
-        err = ok_or(store_->set(key("node/" + me()),
-                                to_record({host_, addr_, o_->nproc_per_node, ::getpid(), server_ ? 1 : 0})));
-      std::string closed;
-      if (err.empty()) err = server_ ? close_round(until, closed) : wait_key("closed", until, closed);
-      if (!err.empty()) break;
-      group_ = std::atoi(closed.c_str());
-      if (node_ < group_) break;
-      // Too late for this round (elastic: it closed without us): the next
-      // one, which the running nodes open for us (node_watch sees `waiting`).
-      info("round " + std::to_string(round_) + " closed with " + std::to_string(group_) +
-           " nodes before this one joined; waiting for the running nodes to take it in");
-      if (auto w = store_->add(key("waiting"), 1); !w.ok()) {
-        err = ok_or(w.error());
-        break;
-      }
-      ++round_;
-      node_ = -1;
-    }
-    for (int k = 0; err.empty() && k < group_; ++k) {
-      std::string v;
-      err = wait_key("node/" + std::to_string(k), until, v);
-      if (err.empty()) nodes_.push_back(parse_node_record(v));
-    }
-    std::string master;
-    if (err.empty()) {
-      const char* spec = std::getenv("CCLITE_SOCKET_IFNAME");
-      if (!spec || !*spec) spec = std::getenv("NCCL_SOCKET_IFNAME");
-      err = choose_master_addr(nodes_, o_->master_addr, ep_.host, spec && *spec, master);
-    }
-    // Node 0 picks MASTER_PORT; rank 0's worker will bind it.
-    int port = o_->master_port;
-    if (err.empty() && port <= 0) {
-      std::string v;
-      if (node_ == 0) {
-        port = find_free_port(master.c_str(), v);  // a name (not an IPv4 literal): any address
-        if (port == 0) err = "cannot find a free TCP port on " + master + ": " + v;
-        if (err.empty()) err = ok_or(store_->set(key("master"), std::to_string(port)));
-      } else {
-        err = wait_key("master", until, v);
-        if (err.empty()) port = std::atoi(v.c_str());
-      }
-    }
-    if (!err.empty()) {
-      // A member of the round (or of one not closed yet) tells the others, so
-      // they stop waiting for it. An agent that holds no node rank (one too
-      // many, a --node-rank taken, a newcomer waiting for the next round)
-      // must not: the job runs on without it.
-      if (node_ >= 0 && (group_ == 0 || node_ < group_)) {
-        publish_failure(err + " (node " + me() + ", host " + host_ + ")", 1, false);
-        (void)store_->set(key("left/" + me()), "1");
-      }
-      linger(std::chrono::seconds(10));
-      return err;
-    }
-
-    place_node(nodes_, node_, r);
-    r.master_addr = master;
-    r.master_port = port;
-    r.endpoint = format_host_port(r.master_addr, port);
-    info("node " + me() + " of " + std::to_string(group_) + " (host " + host_ + ", " + addr_ +
-         "): ranks " + std::to_string(r.rank_offset) + ".." +
-         std::to_string(r.rank_offset + o_->nproc_per_node - 1) + " of " +
-         std::to_string(r.world_size) + "; workers meet at " + r.endpoint +
-         (round_ > 0 ? " (round " + std::to_string(round_) + ")" : ""));
-    return start_monitor(until);
-  }
-
-  /// Non-host: waits until the host has opened round_ (or a later one, then
-  /// joins that). A failure published in the round we come from does not
-  /// count: it is why we are here.
-  std::string wait_round(deadline until) {
-    for (;;) {
-      auto v = store_->get(gkey("round"), deadline::min(until, deadline::after(std::chrono::seconds(1))));
-      if (!v.ok() && v.error().code() != errc::timeout) return ok_or(v.error());
-      if (v.ok() && std::atoi(v.value().c_str()) >= round_) {
-        round_ = std::atoi(v.value().c_str());
-        return {};
-      }
-      auto over = store_->check(gkey("over"));
-      if (over.ok() && over.value()) {
-        auto code = store_->get(gkey("over"), deadline::after(std::chrono::seconds(5)));
-        return "job '" + o_->rdzv_id + "' ended (status " + (code.ok() ? code.value() : "?") +
-               ") before this node could join it";
-      }
-      if (std::string e = check_interrupt(); !e.empty()) return e;
-      if (until.expired())
-        return "rendezvous timed out after " + secs(o_->rdzv_timeout_s) + " waiting for round " +
-               std::to_string(round_) + " of job '" + o_->rdzv_id + "' at " + ep_text_ +
-               " (is the agent on the endpoint's node still running?)";
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-
-  /// Host: closes the round once MAX nodes joined, or at least MIN and none
-  /// joined for --rdzv-last-call. Nodes are numbered in joining order, so the
-  /// first `closed` indices are exactly the members.
-  std::string close_round(deadline until, std::string& closed) {
-    const int max = o_->nnodes, min = min_nodes();
-    int seen = -1;
-    auto changed = clock::now();
-    for (;;) {
-      int n = 0;
-      while (n < max) {
-        auto c = store_->check(key("node/" + std::to_string(n)));
-        if (!c.ok()) return ok_or(c.error());
-        if (!c.value()) break;
-        ++n;
-      }
-      if (n != seen) {
-        seen = n;
-        changed = clock::now();
-      }
-      if (n == max || (n >= min && clock::now() - changed >= to_ms(o_->rdzv_last_call_s))) {
-        closed = std::to_string(n);
-        info("round " + std::to_string(round_) + " closed with " + closed + " node" +
-             (n == 1 ? "" : "s") + (n < max ? " (--nnodes " + nnodes_text() + ")" : ""));
-        return ok_or(store_->set(key("closed"), closed));
-      }
-      if (std::string e = check_interrupt(); !e.empty()) return e;
-      if (until.expired())
-        return "rendezvous timed out after " + secs(o_->rdzv_timeout_s) + ": " + std::to_string(n) +
-               " of " + std::to_string(min) + (min < max ? " (at least)" : "") + " nodes joined job '" +
-               o_->rdzv_id + "' at " + ep_text_ +
-               "; start the same command (same --rdzv-id, --nnodes, --rdzv-endpoint) on every node";
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-
-  int min_nodes() const { return o_->min_nnodes > 0 ? o_->min_nnodes : o_->nnodes; }
-  std::string nnodes_text() const {
-    return min_nodes() == o_->nnodes ? std::to_string(o_->nnodes)
-                                     : std::to_string(min_nodes()) + ":" + std::to_string(o_->nnodes);
-  }
-
-  /// On the host: keeps the store up until every node that joined has left
-  /// (a node that never joined, or was lost, is not waited for), for at most `most`.
-  void linger(std::chrono::milliseconds most) {
-    if (!server_) return;
-    auto until = clock::now() + most;
-    // A node whose heartbeat stands still for a few periods is dead: its
-    // agent's monitor beats until the moment it leaves.
-    const auto silent = std::min<std::chrono::milliseconds>(std::chrono::seconds(3), to_ms(o_->node_timeout_s));
-    const int n = std::max(group_, o_->nnodes);  // a failed join: whoever got that far
-    std::vector<bool> gone(static_cast<std::size_t>(n), false);
-    std::vector<std::string> beat(static_cast<std::size_t>(n));
-    std::vector<clock::time_point> changed(static_cast<std::size_t>(n), clock::now());
-    while (clock::now() < until) {
-      bool all = true;
-      for (int k = 0; k < n; ++k) {
-        if (!gone[k]) {
-          auto joined = store_->check(key("node/" + std::to_string(k)));
-          auto left = store_->check(key("left/" + std::to_string(k)));
-          auto hb = store_->get(key("hb/" + std::to_string(k)), deadline::after(std::chrono::milliseconds(100)));
-          if (hb.ok() && hb.value() != beat[k]) {
-            beat[k] = hb.value();
-            changed[k] = clock::now();
-          }
-          gone[k] = (joined.ok() && !joined.value()) || (left.ok() && left.value()) ||
-                    clock::now() - changed[k] > silent ||
-                    watch_.lost(k);
-        }
-        all = all && gone[k];
-      }
-      if (all) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-
-  static std::chrono::milliseconds to_ms(double s) {
-    return std::chrono::milliseconds(static_cast<long long>(s * 1000));
-  }
-  static std::string secs(double s) { return seconds_text(s); }
-  std::chrono::milliseconds op_timeout() const {
-    return std::max(std::chrono::milliseconds(5000), to_ms(o_->node_timeout_s));
-  }
-  /// Keys of the current round; gkey: of the whole job.
-  std::string key(const std::string& k) const { return pfx_ + "r" + std::to_string(round_) + "/" + k; }
-  std::string gkey(const std::string& k) const { return pfx_ + k; }
-  /// The agents' store proves the token the user set (CCLITE_RDZV_TOKEN), or
-  /// none: then it is the --rdzv-id check below that keeps other jobs out,
-  /// with a message naming both ids (the workers get a token derived from the id).
-  static std::string user_token() {
-    const char* t = std::getenv("CCLITE_RDZV_TOKEN");
-    return t ? t : "";
-  }
-  std::string me() const { return std::to_string(node_); }
-  static bool ok(const status& s) { return s.ok(); }
-  static std::string ok_or(const status& s) {
-    return s.ok() ? std::string() : "rendezvous store: " + s.message();
-  }
-  void info(const std::string& line) {
-    if (debug_on()) write_all(STDERR_FILENO, "cclite-run: INFO " + line + "\n");
-  }
-
   std::string check_job(deadline until) {
     // A cclite-run host writes it right after it starts: a long silence means
     // something else (a cclite job's own store) listens there.
@@ -442,40 +224,6 @@ class agent {
     return {};
   }
 
-  std::string claim_node_rank() {
-    if (node_ >= 0) return {};  // the host took 0
-    const int max = o_->nnodes;
-    auto claim = [this](int k, bool& mine) -> std::string {
-      auto n = store_->add(key("claim/" + std::to_string(k)), 1);
-      if (!n.ok()) return ok_or(n.error());
-      mine = n.value() == 1;
-      return {};
-    };
-    bool mine = false;
-    if (o_->node_rank >= 0) {
-      if (std::string e = claim(o_->node_rank, mine); !e.empty()) return e;
-      if (!mine)
-        return "--node-rank " + std::to_string(o_->node_rank) + " is already taken in job '" +
-               o_->rdzv_id + "'; give every node its own --node-rank, or leave it out everywhere";
-      node_ = o_->node_rank;
-      return {};
-    }
-    for (;;) {
-      auto n = store_->add(key("next"), 1);
-      if (!n.ok()) return ok_or(n.error());
-      int k = static_cast<int>(n.value() - 1);
-      if (k >= max)
-        return "job '" + o_->rdzv_id + "' already has its " + std::to_string(max) +
-               " nodes; this agent (host " + host_ +
-               ") is one too many (an agent started twice, or --nnodes too small?)";
-      if (std::string e = claim(k, mine); !e.empty()) return e;
-      if (mine) {
-        node_ = k;
-        return {};
-      }
-    }
-  }
-
   /// The address the other nodes reach this one at: the interface that
   /// CCLITE_SOCKET_IFNAME / NCCL_SOCKET_IFNAME selects, else the one that
   /// routes to the endpoint (the endpoint itself on its own machine).
@@ -494,78 +242,6 @@ class agent {
     info("node address " + out + ": the interface that routes to the endpoint " + ep_text_);
     return {};
   }
-
-  /// get() in one-second slices, so that a failure another node published
-  /// (or a store that went away) ends the wait at once.
-  std::string wait_key(const std::string& k, deadline until, std::string& out) {
-    for (;;) {
-      auto v = store_->get(key(k), deadline::min(until, deadline::after(std::chrono::seconds(1))));
-      if (v.ok()) {
-        out = v.value();
-        return {};
-      }
-      if (v.error().code() != errc::timeout) return ok_or(v.error());
-      if (std::string e = check_interrupt(); !e.empty()) return e;
-      auto f = store_->check(key("failure"));
-      if (f.ok() && f.value()) {
-        auto m = store_->get(key("failure"), deadline::after(std::chrono::seconds(5)));
-        if (m.ok()) return "another node failed: " + parse_failure(m.value()).message;
-      }
-      if (until.expired()) {
-        std::string joined;
-        int n = 0;
-        for (int j = 0; j < o_->nnodes; ++j) {
-          auto c = store_->check(key("node/" + std::to_string(j)));
-          if (c.ok() && c.value()) ++n;
-        }
-        return "rendezvous timed out after " + secs(o_->rdzv_timeout_s) + " waiting for " + k +
-               ": " + std::to_string(n) + " of " + nnodes_text() +
-               " nodes joined job '" + o_->rdzv_id + "' at " + ep_text_ +
-               "; start the same command (same --rdzv-id, --nnodes, --rdzv-endpoint) on every node";
-      }
-    }
-  }
-
-  job_event publish_failure(const std::string& message, int code, bool restartable) {
-    if (!store_) return {message, code, restartable};
-    std::lock_guard<std::mutex> lock(publish_mu_);
-    return run::publish_failure(*store_, key(""), {message, code, restartable});
-  }
-
-  /// "" or the line that ends a wait because of a signal.
-  std::string check_interrupt() {
-    int sig = interrupted_ ? interrupted_() : 0;
-    if (sig == 0) return {};
-    interrupt_signal_ = sig;
-    return "received " + signal_name(sig) + " while waiting for the other nodes";
-  }
-
-  std::string start_monitor(deadline until) {
-    auto c = tcp::store_client::connect(ep_.host, static_cast<std::uint16_t>(ep_.port),
-                                        deadline::min(until, deadline::after(std::chrono::seconds(30))),
-                                        op_timeout(), user_token());
-    if (!c) return "cannot open a second connection to the rendezvous: " + c.error().message();
-    watch_.start(std::move(c.value()), {key(""), node_, nodes_, o_->nnodes, o_->node_timeout_s, ep_text_});
-    return {};
-  }
-
-  const options* o_ = nullptr;
-  std::string host_;
-  host_port ep_;
-  std::string ep_text_;
-  std::string pfx_;
-  std::string addr_;  ///< this node's address (my_address)
-  int round_ = 0;     ///< rendezvous round: 0, then one more per restart
-  int node_ = -1;
-  int group_ = 0;     ///< nodes in this round
-  std::vector<node_info> nodes_;
-  std::unique_ptr<tcp::store_server> server_;
-  std::unique_ptr<tcp::store_client> store_;  ///< main thread only (under publish_mu_)
-  std::mutex publish_mu_;
-
-  node_watch watch_;
-  std::function<int()> interrupted_;
-  int interrupt_signal_ = 0;
 };
 
 }  // namespace cclite::run
