@@ -27,17 +27,16 @@
 // useful when that order is fixed by the application (as with NCCL); for a
 // communicator that another thread drives on its own schedule, dup() makes
 // one with connections of its own.
+//
+// Set-up members (create, split, dup, shrink) are defined in
+// communicator_setup.hpp; the call path, with the point-to-point and
+// v-variant calls, in communicator_calls.hpp.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <cstring>
+#include <cstddef>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -48,7 +47,6 @@
 #include <cclite/collective/op.hpp>
 #include <cclite/collective/work_queue.hpp>
 #include <cclite/core/dtype.hpp>
-#include <cclite/core/env.hpp>
 
 namespace cclite {
 
@@ -69,16 +67,7 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// `kv` must outlive the communicator.
   /// Errors: invalid_argument, bootstrap_error, no_transport, timeout, peer_lost.
   static result<std::unique_ptr<communicator>> create(store& kv, int rank, int size,
-                                                      comm_options opts = {}) {
-    if (size < 1 || rank < 0 || rank >= size) {
-      return make_error(errc::invalid_argument, "communicator: rank %d / size %d is invalid", rank,
-                        size);
-    }
-    std::unique_ptr<communicator> c(new communicator(kv, rank, size));
-    CCLITE_TRY(c->core::init(std::move(opts)));
-    CCLITE_TRY(c->finish_init());
-    return {std::move(c)};  // nvcc: no implicit move into result<T> (CWG1579)
-  }
+                                                      comm_options opts = {});
 
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
@@ -171,13 +160,9 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// Allgather with per-rank counts: rank r's `send` (counts[r] elements) lands
   /// at recv + displs[r]. `counts`, `displs`: size() entries, equal on all ranks.
   status allgatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
-                    const std::size_t* displs, dtype t) {
-    return run(vdesc<collective_kind::allgatherv>(send, send_count, recv, counts, displs, nullptr, nullptr, t));
-  }
+                    const std::size_t* displs, dtype t);
   work allgatherv_async(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
-                        const std::size_t* displs, dtype t) {
-    return submit(vdesc<collective_kind::allgatherv>(send, send_count, recv, counts, displs, nullptr, nullptr, t));
-  }
+                        const std::size_t* displs, dtype t);
 
   /// recv (count) = block rank() of every rank's send (size() * count), reduced.
   /// In place: recv == send + rank() * count.
@@ -206,15 +191,9 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// In place (send == recv): the recv counts and displacements are used both
   /// ways (send ones may be null) and must be symmetric, as MPI_IN_PLACE says.
   status alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
-                   void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t) {
-    return run(vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
-                     recv_displs, t));
-  }
+                   void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t);
   work alltoallv_async(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
-                       void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t) {
-    return submit(vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
-                        recv_displs, t));
-  }
+                       void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t);
 
   /// root's recv (size() * count) = every rank's send (count) in rank order.
   status gather(const void* send, void* recv, std::size_t count, dtype t, int root) {
@@ -244,28 +223,16 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// (until the deadline) once the message exceeds the link buffer. Exchange
   /// with sendrecv / sendrecv_async, which moves both directions at once, or
   /// issue the calls in a group (group_start(), below).
-  status send(const void* buf, std::size_t count, dtype t, int peer) {
-    return run(rooted<collective_kind::send>(buf, nullptr, count, t, reduce_op::sum, peer));
-  }
-  work send_async(const void* buf, std::size_t count, dtype t, int peer) {
-    return submit(rooted<collective_kind::send>(buf, nullptr, count, t, reduce_op::sum, peer));
-  }
-  status recv(void* buf, std::size_t count, dtype t, int peer) {
-    return run(rooted<collective_kind::recv>(nullptr, buf, count, t, reduce_op::sum, peer));
-  }
-  work recv_async(void* buf, std::size_t count, dtype t, int peer) {
-    return submit(rooted<collective_kind::recv>(nullptr, buf, count, t, reduce_op::sum, peer));
-  }
+  status send(const void* buf, std::size_t count, dtype t, int peer);
+  work send_async(const void* buf, std::size_t count, dtype t, int peer);
+  status recv(void* buf, std::size_t count, dtype t, int peer);
+  work recv_async(void* buf, std::size_t count, dtype t, int peer);
   /// Sends to `dst` and receives from `src` at the same time (no deadlock
   /// when two ranks exchange large messages).
   status sendrecv(const void* send, std::size_t send_count, int dst, void* recv,
-                  std::size_t recv_count, int src, dtype t) {
-    return run(sendrecv_desc(send, send_count, dst, recv, recv_count, src, t));
-  }
+                  std::size_t recv_count, int src, dtype t);
   work sendrecv_async(const void* send, std::size_t send_count, int dst, void* recv, std::size_t recv_count,
-                      int src, dtype t) {
-    return submit(sendrecv_desc(send, send_count, dst, recv, recv_count, src, t));
-  }
+                      int src, dtype t);
 
   /// Returns once every rank called barrier().
   status barrier() { return run(rooted<collective_kind::barrier>(nullptr, nullptr, 0, dtype::uint8, reduce_op::sum, 0)); }
@@ -306,18 +273,7 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// point-to-point calls together. Returns the first error; the calls after
   /// a failed one do not run (the communicator is unusable then anyway).
   /// Errors: invalid_argument (no group open), those of the recorded calls.
-  status group_end() {
-    auto outermost = group_.end();
-    if (!outermost) return outermost.error();
-    if (!outermost.value()) return {};
-    return group_.run_and_clear([this](const op_desc& d) { return queue_.run(d); },
-                                [this](std::size_t n, const p2p_transfer* t) {
-                                  op_desc d = rooted<collective_kind::group>(nullptr, nullptr, n, dtype::uint8,
-                                                                             reduce_op::sum, 0);
-                                  d.transfers = t;
-                                  return d;
-                                });
-  }
+  status group_end();
 
   /// Color that leaves a rank out of every sub-communicator of split().
   static constexpr int no_color = -1;
@@ -337,29 +293,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// aborts both; the child may outlive this communicator (the store must
   /// outlive both). opts.store_prefix is ignored.
   /// Errors: invalid_argument inside a group; those of allgather and create().
-  result<std::unique_ptr<communicator>> split(int color, int key, comm_options opts = {}) {
-    if (group_.open()) {  // its allgather would only be recorded
-      return make_error(errc::invalid_argument, "split() inside group_start() .. group_end(): call it after "
-                        "group_end()");
-    }
-    std::int64_t mine[2] = {color < 0 ? -1 : color, key};
-    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size_));
-    CCLITE_TRY(allgather(mine, all.data(), 2, dtype::int64));
-    const int split_no = ++splits_;
-    if (color < 0) return std::unique_ptr<communicator>();
-    std::vector<std::pair<std::int64_t, int>> members;  // (key, parent rank)
-    for (int r = 0; r < size_; ++r)
-      if (all[2 * static_cast<std::size_t>(r)] == color) members.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
-    std::sort(members.begin(), members.end());
-    std::vector<int> ranks;
-    for (const auto& m : members) ranks.push_back(m.second);
-    const std::string where = "split" + std::to_string(split_no) + "/" + std::to_string(color);
-    // The child connects through the shared links: not while another thread
-    // runs a collective of this family over them.
-    std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
-    CCLITE_TRY(hold_links(hold, deadline::after(timeout_)));
-    return make_child(ranks, where, std::move(opts), false);
-  }
+  result<std::unique_ptr<communicator>> split(int color, int key, comm_options opts = {});
 
   /// A new communicator of the same ranks, numbered alike, with connections
   /// of its own (MPI_Comm_dup; ncclCommSplit with splitShare = 0): unlike a
@@ -370,12 +304,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// opts as for split(): the timeout and chunk size left unset are this
   /// communicator's; opts.store_prefix is ignored. Every rank must call it,
   /// as often as the others. Errors: those of create().
-  result<std::unique_ptr<communicator>> dup(comm_options opts = {}) {
-    if (opts.timeout.count() == -2) opts.timeout = timeout_;
-    if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
-    opts.store_prefix = prefix_ + "dup" + std::to_string(++dups_);
-    return create(core::user_kv_, rank_, size_, std::move(opts));
-  }
+  result<std::unique_ptr<communicator>> dup(comm_options opts = {});
 
   /// A new communicator of the ranks not in `exclude`, numbered in their
   /// order here (NCCL's ncclCommShrink, MPI's MPI_Comm_shrink): after a
@@ -389,21 +318,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// and mpirun) is gone with it, and the call fails with its error.
   /// Errors: invalid_argument (this rank excluded, a rank out of range);
   /// those of create().
-  result<std::unique_ptr<communicator>> shrink(std::vector<int> exclude, comm_options opts = {}) {
-    std::sort(exclude.begin(), exclude.end());
-    exclude.erase(std::unique(exclude.begin(), exclude.end()), exclude.end());
-    std::string list;
-    for (int r : exclude) {
-      if (r < 0 || r >= size_) return make_error(errc::invalid_argument, "shrink: rank %d out of range [0, %d)", r, size_);
-      if (r == rank_) return make_error(errc::invalid_argument, "shrink: rank %d excludes itself", r);
-      list += (list.empty() ? "" : ".") + std::to_string(r);
-    }
-    const int new_size = size_ - static_cast<int>(exclude.size());
-    const int new_rank = rank_ - static_cast<int>(std::lower_bound(exclude.begin(), exclude.end(), rank_) - exclude.begin());
-    // The list is part of the meeting place, so ranks that disagree do not mix.
-    opts.store_prefix = prefix_ + "shrink" + std::to_string(++shrinks_) + "-" + (list.empty() ? "none" : list);
-    return create(core::user_kv_, new_rank, new_size, std::move(opts));
-  }
+  result<std::unique_ptr<communicator>> shrink(std::vector<int> exclude, comm_options opts = {});
 CCLITE_SETUP_CODE_END
 
   /// Memory every local rank maps, a peer's copy of it, and its release: see comm_shared.hpp.
@@ -441,121 +356,33 @@ CCLITE_SETUP_CODE_END
   communicator(std::shared_ptr<typename core::pool_t> pool, std::vector<int> root_of, int rank)
       : core(std::move(pool), std::move(root_of), rank), queue_(*this) {}
 
-CCLITE_SETUP_CODE_BEGIN
-  status finish_init() {
-    auto piece = env::get_int("SHM_DIRECT_BUFFSIZE", 1 << 20, false);
-    if (!piece) return piece.error();
-    direct_bytes_ = static_cast<std::size_t>(std::max<std::int64_t>(4096, piece.value()));
-    auto small = env::get_int("SHM_SMALL_MAX", static_cast<std::int64_t>(small_direct_max), false);
-    if (!small) return small.error();
-    if (small.value() < 0 || small.value() > static_cast<std::int64_t>(small_direct_max))
-      return make_error(errc::invalid_argument, "CCLITE_SHM_SMALL_MAX=%lld is out of range (0 .. %zu bytes; 0 turns "
-                        "shm-direct's small path off)", static_cast<long long>(small.value()), small_direct_max);
-    select_.set_direct(has_direct, direct_bytes_, static_cast<std::size_t>(small.value()));
-    return {};
-  }
-
-  // A child over this family's links: `ranks` = its members as ranks here,
-  // in their new order; `where` names it under this communicator's prefix.
-  // `nested`: used only from inside this communicator's own calls (the
-  // hierarchical algorithm's children), which already hold the links.
+CCLITE_SETUP_CODE_BEGIN  // defined in communicator_setup.hpp
+  status finish_init();  // the end of create() and make_child(): shm-direct's settings
   result<std::unique_ptr<communicator>> make_child(const std::vector<int>& ranks, const std::string& where,
-                                                   comm_options opts, bool nested) {
-    int new_rank = -1;
-    std::vector<int> roots;
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      roots.push_back(root_of_[static_cast<std::size_t>(ranks[i])]);
-      if (ranks[i] == rank_) new_rank = static_cast<int>(i);
-    }
-    if (new_rank < 0) return make_error(errc::invalid_argument, "communicator: this rank is not a member of %s", where.c_str());
-    if (opts.timeout.count() == -2) opts.timeout = timeout_;
-    if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
-    std::unique_ptr<communicator> c(new communicator(pool_, std::move(roots), new_rank));
-    c->nested_ = nested;
-    std::string tag = tag_ + "." + where;
-    for (char& ch : tag)
-      if (ch == '/') ch = '.';
-    CCLITE_TRY(c->core::init_child(std::move(opts), prefix_ + where + "/", std::move(tag)));
-    CCLITE_TRY(c->finish_init());
-    return {std::move(c)};  // nvcc: no implicit move into result<T> (CWG1579)
-  }
+                                                   comm_options opts, bool nested);
 CCLITE_SETUP_CODE_END
 
-  // ---- execution ------------------------------------------------------------------------
+  // ---- execution (defined in communicator_calls.hpp) --------------------------------------
   // A call is checked here, then queued (work_queue.hpp); the queue's thread
   // or the caller runs it through comm_dispatch.hpp's execute().
-
-  // Each call names its kind at compile time: the op_desc carries the code
-  // for that kind (op_desc::runner), compiled only for kinds the program calls.
-  // A reducing call also carries its kernels (op_desc::kernels): those of the
-  // element type for typed calls, reduction_for's table for a run-time dtype.
-  template <collective_kind K>
+  template <collective_kind K>  // the op_desc of a call of kind K: its code, its kernels
   static op_desc rooted(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root,
-                        detail::kernel_lookup kernels = nullptr) {
-    op_desc d = op_desc::of(K, send, recv, count, t, op, root);
-    d.runner = &core::template run_kind<K>;
-    d.kernels = kernels;
-    return d;
-  }
+                        detail::kernel_lookup kernels = nullptr);
   template <collective_kind K, class T>
-  static op_desc typed(const T* send, T* recv, std::size_t count, reduce_op op, int root) {
-    return rooted<K>(send, recv, count, dtype_of_v<T>, op, root, &detail::kernels_of<T>);
-  }
-  // hier_allreduce's calls on its children pass on the parent call's kernels.
-  template <class> friend class detail::hier_allreduce;
+  static op_desc typed(const T* send, T* recv, std::size_t count, reduce_op op, int root);
+  template <class> friend class detail::hier_allreduce;  // run_with(): its children's calls
   template <collective_kind K>
   status run_with(const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
-                  detail::kernel_lookup kernels) {
-    return run(rooted<K>(send, recv, count, t, op, 0, kernels));
-  }
+                  detail::kernel_lookup kernels);
   static op_desc sendrecv_desc(const void* send, std::size_t send_count, int dst, void* recv,
-                               std::size_t recv_count, int src, dtype t) {
-    op_desc d = rooted<collective_kind::sendrecv>(send, recv, send_count, t, reduce_op::sum, dst);
-    d.peer2 = src;
-    d.count2 = recv_count;
-    return d;
-  }
+                               std::size_t recv_count, int src, dtype t);
   template <collective_kind K>
   static op_desc vdesc(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
-                       const std::size_t* displs, const std::size_t* rcounts, const std::size_t* rdispls, dtype t) {
-    op_desc d = rooted<K>(send, recv, send_count, t, reduce_op::sum, 0);
-    d.counts = counts;
-    d.displs = displs;
-    d.rcounts = rcounts;
-    d.rdispls = rdispls;
-    return d;
-  }
-  // Argument errors are reported at once on the calling rank, without queuing.
-  // Device buffers go to the device hook, if one is installed, once what was
-  // issued before has finished (issue order, as for every call).
-  status run(const op_desc& d) {
-    CCLITE_TRY(detail::validate(d, size_));
-    if (group_.open()) return record(d);
-    if (device_ && device_->owns(d)) return run_on_device(d);
-    return queue_.run(d);
-  }
-  work submit(const op_desc& d) {
-    if (group_.open()) {
-      return work::failed(make_error(errc::invalid_argument, "%s_async inside group_start() .. group_end(): "
-                                     "use %s, the group's status comes from group_end()", to_string(d.kind),
-                                     to_string(d.kind)));
-    }
-    status st = detail::validate(d, size_);
-    if (!st.ok()) return work::failed(std::move(st));
-    if (device_ && device_->owns(d)) return work::completed(run_on_device(d));
-    return queue_.submit(d);
-  }
-  // A call inside a group, checked, to run at group_end() (call_group.hpp).
-  status record(const op_desc& d) {
-    if (device_ && device_->owns(d))
-      return make_error(errc::unsupported, "%s on device buffers cannot be grouped", to_string(d.kind));
-    group_.record(d);
-    return {};
-  }
-  status run_on_device(const op_desc& d) {
-    queue_.wait_idle();
-    return device_->run(d);
-  }
+                       const std::size_t* displs, const std::size_t* rcounts, const std::size_t* rdispls, dtype t);
+  status run(const op_desc& d);     // blocking forms
+  work submit(const op_desc& d);    // _async forms
+  status record(const op_desc& d);  // inside a group
+  status run_on_device(const op_desc& d);
 
   int splits_ = 0;
   int shrinks_ = 0;
@@ -567,3 +394,7 @@ CCLITE_SETUP_CODE_END
 };
 
 }  // namespace cclite
+
+// The member definitions (each includes this header: either may come first).
+#include <cclite/collective/communicator_calls.hpp>
+#include <cclite/collective/communicator_setup.hpp>
