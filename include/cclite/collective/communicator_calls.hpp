@@ -31,7 +31,7 @@ inline status communicator<Transports...>::group_end() {
   if (!outermost) return outermost.error();
   if (!outermost.value()) return {};
   return group_.run_and_clear([this](const op_desc& d) { return queue_.run(d); },
-                              [this](std::size_t n, const p2p_transfer* t) {
+                              [](std::size_t n, const p2p_transfer* t) {
                                 op_desc d = rooted<collective_kind::group>(nullptr, nullptr, n, dtype::uint8,
                                                                            reduce_op::sum, 0);
                                 d.transfers = t;
