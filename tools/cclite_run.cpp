@@ -4,14 +4,16 @@
 //   cclite-run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint node0:29400 ./train   (every node)
 //
 // See tools/README.md and `cclite-run --help`. The pieces live in tools/run/:
-// options.hpp (command line), job.hpp (rendezvous address, worker environment),
-// agent.hpp (the nodes' agents meet, round after round; agent_round.hpp one
-// round, agent_state.hpp what they share), placement.hpp (what a
-// round decides: ranks, MASTER_ADDR), node_watch.hpp (heartbeats, failures,
-// newcomers), logs.hpp (--log-dir), devices.hpp (--nproc-per-node gpu|cpu),
-// slurm.hpp (under srun), worker.hpp (fork/exec), line_splitter.hpp (output
-// prefixing), signals.hpp (self-pipe) and supervisor.hpp (the poll loop that
-// runs the job).
+// options.hpp (command line; option_values.hpp what the options hold and the
+// parsers of one value, usage.hpp the --help text), job.hpp (rendezvous
+// address, worker environment), agent.hpp (the nodes' agents meet, round
+// after round; agent_round.hpp one round, agent_state.hpp what they share),
+// placement.hpp (what a round decides: ranks, MASTER_ADDR), node_watch.hpp
+// (heartbeats, failures, newcomers), logs.hpp (--log-dir), devices.hpp
+// (--nproc-per-node gpu|cpu), slurm.hpp (under srun), worker.hpp (fork/exec),
+// line_splitter.hpp (output prefixing), signals.hpp (self-pipe) and
+// supervisor.hpp (the poll loop that runs the job; output_relay.hpp the
+// workers' output and log files, stop_policy.hpp why and how the job stops).
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>

@@ -1,0 +1,176 @@
+// tools/run/stop_policy.hpp - why the job stops and what it ends with: a
+// worker's exit, another node's failure, a signal or --timeout each set the
+// exit status, whether a restart may cure it and whether the agents meet again
+// to take a new node in; then how it stops: SIGTERM to every worker's process
+// group, SIGKILL after a grace period, and giving up on a worker that survives
+// even that.
+//
+// The first reason to stop decides the exit status; a later stop can only
+// bring the SIGKILL closer. The base of supervisor.hpp, whose poll loop calls
+// these as exits, remote events, signals and deadlines arrive.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "agent.hpp"
+#include "node_watch.hpp"
+#include "options.hpp"
+#include "output_relay.hpp"
+#include "posix.hpp"
+#include "worker.hpp"
+
+namespace cclite::run {
+
+struct timings {
+  std::chrono::milliseconds failure_grace{5000};  ///< SIGTERM -> SIGKILL after a worker fails
+  std::chrono::milliseconds signal_grace{10000};  ///< forwarded signal -> SIGKILL
+  std::chrono::milliseconds kill_wait{10000};     ///< SIGKILL -> give up on the process
+  /// After the last exit, for output still in flight (children holding the pipes).
+  std::chrono::milliseconds output_drain{1000};
+};
+
+class stop_policy : protected output_relay {
+ protected:
+  stop_policy(options opts, timings t, agent* peers)
+      : opts_(std::move(opts)), t_(t), host_(host_name()), peers_(peers) {}
+
+  using clock = std::chrono::steady_clock;
+
+  void on_exit(worker& w, int status) {
+    w.running = false;
+    // Its last words first: what it wrote before exiting is already in the pipes.
+    read_stream(w, false, 16);
+    read_stream(w, true, 16);
+    if (stopping_) return;  // an effect of the stop we started, not news
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+
+    std::string how;
+    if (WIFEXITED(status)) {
+      exit_code_ = WEXITSTATUS(status);
+      how = "exited with status " + std::to_string(*exit_code_);
+    } else {
+      int sig = WTERMSIG(status);
+      exit_code_ = 128 + sig;
+      how = "killed by signal " + signal_name(sig);
+#ifdef WCOREDUMP
+      if (WCOREDUMP(status)) how += " (core dumped)";
+#endif
+    }
+    restartable_ = true;
+    std::string msg = "rank " + std::to_string(w.rank) + " (host " + host_ + ", pid " +
+                      std::to_string(w.pid) + ") " + how;
+    if (peers_) {
+      job_event first = peers_->report_failure(msg, *exit_code_);
+      if (first.rescale) {  // our workers were stopped elsewhere to take a new node in
+        rescale_ = true;
+        say(msg + ": " + first.message);  // what stopped it: the newcomer, not a failure
+        stop(SIGTERM, t_.failure_grace);
+        return;
+      }
+      if (first.message != msg) {  // another node failed first: its failure is the job's
+        say(msg + " after another node failed");
+        msg = "the first failure: " + first.message;
+        exit_code_ = first.exit_code;
+        restartable_ = first.restartable;
+      } else {
+        msg += " (node " + std::to_string(peers_->node_rank()) + ")";
+      }
+    }
+    if (int others = running_count(); others > 0)
+      msg += "; stopping the other " + plural(others, "worker") + (peers_ ? " here" : "");
+    if (peers_) msg += "; the job stops on every node";
+    say(msg);
+    stop(SIGTERM, t_.failure_grace);
+  }
+
+  /// Another node failed or was lost (or the rendezvous store went away).
+  void handle_remote(const job_event& e) {
+    if (stopping_) return;
+    exit_code_ = e.exit_code;
+    restartable_ = e.restartable;
+    rescale_ = e.rescale;
+    int n = running_count();
+    say(e.message + (n > 0 ? "; stopping the " + plural(n, "worker") + " on this node" : ""));
+    stop(SIGTERM, t_.failure_grace);
+  }
+
+  void handle_signal(int sig) {
+    int n = running_count();
+    if (n == 0) return;  // the job is over; we exit within output_drain anyway
+    say("received " + signal_name(sig) + "; forwarding it to " + plural(n, "worker") +
+        (kill_at_ ? "" : " (SIGKILL in " + seconds(t_.signal_grace) + " if they keep running)"));
+    if (!exit_code_) exit_code_ = 128 + sig;
+    rescale_ = false;  // a cancelled job does not go on to a larger round
+    if (peers_)
+      peers_->report_failure("cclite-run on node " + std::to_string(peers_->node_rank()) + " (host " +
+                                 host_ + ") received " + signal_name(sig),
+                             128 + sig, /*restartable=*/false);
+    stop(sig, t_.signal_grace);
+  }
+
+  void check_deadlines() {
+    auto now = clock::now();
+    if (job_deadline_ && !stopping_ && now >= *job_deadline_) {
+      char limit[32];
+      std::snprintf(limit, sizeof(limit), "%g", opts_.timeout_s);
+      say(std::string("job still running after --timeout ") + limit + " s; stopping all " +
+          plural(running_count(), "worker") + " and exiting with status 124");
+      exit_code_ = 124;
+      stop(SIGTERM, t_.failure_grace);
+    }
+    if (kill_at_ && !give_up_at_ && now >= *kill_at_) {
+      std::string ranks;
+      for (const worker& w : workers_)
+        if (w.running) ranks += (ranks.empty() ? "" : ", ") + std::to_string(w.rank);
+      if (!ranks.empty())
+        say((ranks.find(',') == std::string::npos ? "rank " : "ranks ") + ranks +
+            " still running " + seconds(stop_grace_) + " after " + signal_name(stop_signal_) +
+            "; sending SIGKILL");
+      signal_groups(SIGKILL);
+      give_up_at_ = now + t_.kill_wait;
+    }
+  }
+
+  /// Sends `sig` to every worker's process group and arms SIGKILL `grace` later.
+  /// A later stop can only bring the SIGKILL closer, never postpone it.
+  void stop(int sig, std::chrono::milliseconds grace) {
+    stopping_ = true;
+    signal_groups(sig);
+    auto at = clock::now() + grace;
+    if (!kill_at_ || at < *kill_at_) {
+      kill_at_ = at;
+      stop_signal_ = sig;
+      stop_grace_ = grace;
+    }
+  }
+
+  /// Includes the groups of workers that already exited: their children may
+  /// live on. ESRCH (nobody left in the group) is the normal case there.
+  void signal_groups(int sig) {
+    for (const worker& w : workers_) ::kill(-w.pid, sig);
+  }
+
+  options opts_;
+  timings t_;
+  std::string host_;
+  agent* peers_ = nullptr;
+
+  std::optional<int> exit_code_;  ///< the first reason to stop decides it
+  bool restartable_ = false;
+  bool rescale_ = false;
+  bool stopping_ = false;
+  int stop_signal_ = SIGTERM;
+  std::chrono::milliseconds stop_grace_{0};
+  std::optional<clock::time_point> job_deadline_;  ///< --timeout
+  std::optional<clock::time_point> kill_at_;       ///< SIGKILL everyone
+  std::optional<clock::time_point> give_up_at_;    ///< stop waiting for the unkillable
+};
+
+}  // namespace cclite::run
