@@ -31,25 +31,12 @@
 // read, S written, the least an allreduce can move.
 //
 // Small calls (small_exchange, at most small_max_bytes per member): one
-// all-member synchronisation instead of two. Each member writes its data, its
-// tag (the caller's call header, compacted) and then the call's number into
-// one slot of its header page, the first 40 data bytes sharing the number's
-// line, and reads what it needs from every member's slot itself: an
-// allreduce reduces them all in member order (small_reduce: the same bits on
-// every member), the other collectives copy or reduce their blocks
-// (comm_shared.hpp, run_small_call). An 8-byte call
-// moves one cache line per member and direction, where a FIFO hand-off moves
-// three (head index, data, header). Two slots alternate by call parity: a
-// member rewrites a slot only two calls later, after everyone published the
-// next call, i.e. after everyone finished reading this one.
+// all-member synchronisation instead of two, through two slots in each
+// member's header page (detail/direct_small.hpp, "Small calls").
 //
-// Waits poll the peers' counters (they are a few cache lines), then yield,
-// then sleep in short slices, checking the deadline, the abort flag and the
-// peers' liveness: a killed member is peer_lost, never a hang.
+// The members, the header page's layout and the waits, which end on a
+// killed member instead of hanging: detail/direct_core.hpp.
 #pragma once
-
-#include <sched.h>
-#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -68,20 +55,14 @@
 #include <cclite/core/reduce.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/core/stream_copy.hpp>
-#include <cclite/shm/doorbell.hpp>
+#include <cclite/shm/detail/direct_small.hpp>
 #include <cclite/shm/link.hpp>
 #include <cclite/shm/segment.hpp>
 #include <cclite/topology/peer_info.hpp>
 
 namespace cclite::shm {
 
-class direct_group {
-  struct member {
-    int rank = -1;
-    int watch_pid = 0;  // 0: not watchable (another pid namespace)
-    std::string name;   // "rank 3 (node1, pid 4242)"
-  };
-
+class direct_group : public detail::direct_small {
  public:
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   /// Collective over `members` (the peer_info of every member, the same list
@@ -177,13 +158,6 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 CCLITE_SETUP_CODE_END
 
  public:
-  /// The default probe of the waits below (`probe()`: called every 10 ms
-  /// once a wait stops spinning; a status other than ok ends the wait with
-  /// it): nothing to look at.
-  struct no_probe {
-    status operator()() const { return {}; }
-  };
-
   std::size_t capacity() const noexcept { return cap_; }
   /// The tag member `m` published with its last allreduce (see allreduce()).
   const std::uint8_t* tag_of(int m) const { return tag_slot(m); }
@@ -252,82 +226,6 @@ CCLITE_SETUP_CODE_END
   /// Calls of at least this many bytes write the result with stream_copy().
   static constexpr std::size_t stream_copy_min_bytes = 8u << 20;
 
-  /// Largest slot a small call writes (small_exchange), in bytes.
-  static constexpr std::size_t small_max_bytes = 1024;
-  static constexpr std::size_t small_tag_bytes = 16;
-
-  /// One synchronisation of a small call (see "Small calls" above): writes
-  /// `bytes` of `send` (at most small_max_bytes; 0 for a member with nothing to
-  /// give) and `tag` into this member's slot, publishes the call's number and
-  /// waits until every member published it. Then small_data(m) holds member
-  /// m's bytes until this member's next small call. `read_from`, `read_bytes`:
-  /// the part of each slot the caller reads next, fetched while waiting.
-  /// `tag` (small_tag_bytes, or null) is compared across members before any
-  /// data is read, as in allreduce(). `probe()` is called now and then while
-  /// waiting for a member: a status other than ok ends the wait with it (the
-  /// communicator looks for a peer that took another path).
-  template <class Probe>
-  status small_exchange(const std::uint8_t* send, std::size_t bytes, std::size_t read_from, std::size_t read_bytes,
-                        deadline until, const std::uint8_t* tag, int* odd, Probe&& probe) {
-    const std::size_t L = members_.size();
-    if (bytes > small_max_bytes) return make_error(errc::invalid_argument, "shm-direct: small call over 1 KiB");
-    const std::uint64_t step = ++small_step_;
-    const int parity = static_cast<int>(step & 1);
-    std::uint8_t* mine = small_slot(me_, parity);
-    if (bytes) std::memcpy(mine + small_data_at, send, bytes);
-    if (tag) std::memcpy(mine + 8, tag, small_tag_bytes);
-    small_seq(me_, parity).store(step, std::memory_order_release);
-    // While waiting, ask for the slots' data lines past the first one too:
-    // they arrive with (not after) the line that holds the number, instead of
-    // as a second cache miss once the number is seen. A line fetched before
-    // its writer finished is invalidated by that write (coherence), so what is
-    // read after the acquire below is current. 2 ranks, 64-512 B: 0.60-0.65 us
-    // -> 0.48-0.56 (docs/performance.md, "Session 16"). Not above 512 B (nor
-    // more than 16 lines in all): at 1 KiB the fetches, repeated while the
-    // writers still copy, cost more than they save (0.85 -> 1.0 us).
-    const std::size_t early_from = std::max<std::size_t>(64, (small_data_at + read_from) & ~std::size_t(63));
-    const std::size_t early_end = read_bytes <= 512 ? small_data_at + read_from + read_bytes : 0;
-    auto behind = [&]() {
-      std::size_t lines = 0;
-      for (std::size_t m = 0; m < L && lines < 16; ++m)
-        for (std::size_t at = early_from; at < early_end && lines < 16; at += 64, ++lines)
-          __builtin_prefetch(small_slot(static_cast<int>(m), parity) + at);
-      for (std::size_t m = 0; m < L; ++m)
-        if (small_seq(static_cast<int>(m), parity).load(std::memory_order_acquire) != step) return static_cast<int>(m);
-      return -1;
-    };
-    CCLITE_TRY(wait_until(behind, probe, "entered this call", until));
-    if (tag) {
-      for (std::size_t m = 0; m < L; ++m) {
-        if (std::memcmp(small_slot(static_cast<int>(m), parity) + 8, tag, small_tag_bytes) == 0) continue;
-        if (odd) *odd = static_cast<int>(m);
-        return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
-      }
-    }
-    return {};
-  }
-  /// Member `m`'s bytes in the last small_exchange(); valid until this
-  /// member's next one (a member rewrites a slot only two calls later).
-  const std::uint8_t* small_data(int m) const {
-    return small_slot(m, static_cast<int>(small_step_ & 1)) + small_data_at;
-  }
-
-  /// recv = reduction, in member order, of `count` elements at byte `offset`
-  /// of every member's slot (after small_exchange), divided by `divide_by` when > 0.
-  void small_reduce(std::uint8_t* recv, std::size_t offset, std::size_t count, const reduction& red,
-                    int divide_by) const {
-    const std::size_t L = members_.size();
-    if (L == 1) {
-      std::memcpy(recv, small_data(0) + offset, count * red.elem_size);
-    } else {
-      red.copy(recv, small_data(0) + offset, small_data(1) + offset, count);
-      for (std::size_t m = 2; m < L; ++m) red.inplace(recv, small_data(static_cast<int>(m)) + offset, count);
-    }
-    if (divide_by > 0) red.divide(recv, count, divide_by);
-  }
-  /// What small_exchange() read from member `m`'s tag in the last call.
-  const std::uint8_t* small_tag_of(int m) const { return small_slot(m, static_cast<int>(small_step_ & 1)) + 8; }
-
   /// recv = reduction of every member's send (count elements); send may equal
   /// recv. Collective over the group; pieces of at most capacity() bytes.
   /// With `tag` (tag_bytes <= max_tag_bytes: the caller's description of the
@@ -379,10 +277,6 @@ CCLITE_SETUP_CODE_END
   }
 
  private:
-  // Each counter on a cache line of its own; 4096 keeps a window's data
-  // page-aligned (any dtype, and vector loads, are aligned in it).
-  static constexpr std::size_t header_bytes = 4096;
-
   status compare_tags(const std::uint8_t* tag, std::size_t tag_bytes, int* odd) const {
     for (std::size_t m = 0; m < members_.size(); ++m) {
       if (std::memcmp(tag_slot(static_cast<int>(m)), tag, std::min(tag_bytes, max_tag_bytes)) == 0) continue;
@@ -393,104 +287,6 @@ CCLITE_SETUP_CODE_END
   }
 
   direct_group() = default;
-
-  std::uint8_t* base(int m) const { return static_cast<std::uint8_t*>(segs_[static_cast<std::size_t>(m)].data()); }
-  std::atomic<std::uint64_t>& counter(int m, int which) const {
-    return *reinterpret_cast<std::atomic<std::uint64_t>*>(base(m) + 64 * which);
-  }
-  std::uint8_t* input(int m) const { return base(m) + header_bytes; }
-  // Between the two counters' cache lines' first words: bytes 8..56.
-  std::uint8_t* tag_slot(int m) const { return base(m) + 8; }
-  // 1 + the CPU member m last waited on (0: unknown), after the second counter.
-  std::atomic<std::uint32_t>& cpu_slot(int m) const {
-    return *reinterpret_cast<std::atomic<std::uint32_t>*>(base(m) + 96);
-  }
-  std::uint8_t* output(int m) const { return base(m) + header_bytes + cap_; }
-  // small_exchange's slots, in the header page after the counters: the
-  // call's number (8 bytes), the tag (16), then the data, whose first 40
-  // bytes share the number's cache line (so calls up to 40 bytes move one line).
-  static constexpr std::size_t small_area_at = 1024, small_data_at = 8 + small_tag_bytes;
-  static constexpr std::size_t small_slot_bytes = align_up(small_data_at + small_max_bytes, 64);
-  static_assert(small_area_at + 2 * small_slot_bytes <= header_bytes, "small slots overflow the header page");
-  std::uint8_t* small_slot(int m, int parity) const {
-    return base(m) + small_area_at + static_cast<std::size_t>(parity) * small_slot_bytes;
-  }
-  std::atomic<std::uint64_t>& small_seq(int m, int parity) const {
-    return *reinterpret_cast<std::atomic<std::uint64_t>*>(small_slot(m, parity));
-  }
-
-  // Until every member's counter `which` reached `step`. A member that last
-  // waited on our CPU needs it to catch up: we poll with sched_yield() rather
-  // than spin then (shm::link::wait does the same).
-  template <class Probe>
-  status wait_all(int which, std::uint64_t step, deadline until, Probe&& probe) const {
-    auto behind = [&]() {
-      for (std::size_t m = 0; m < members_.size(); ++m)
-        if (counter(static_cast<int>(m), which).load(std::memory_order_acquire) < step) return static_cast<int>(m);
-      return -1;
-    };
-    return wait_until(behind, probe, which == 0 ? "published its piece" : "reduced its slice", until);
-  }
-
-  // Until behind() (a member not there yet, or -1) is -1; probe() is
-  // consulted with the liveness checks, every 10 ms once the spin is over.
-  template <class Behind, class Probe>
-  status wait_until(Behind&& behind_of, Probe&& probe, const char* what, deadline until) const {
-    // A peer on another core that is in step arrives within a few hundred
-    // nanoseconds: poll a little before paying for the clock (26 ns a read
-    // with kvm-clock) and sched_getcpu().
-    for (int i = 0; i < 32; ++i) {
-      if (behind_of() < 0) return {};
-      detail::cpu_relax();
-    }
-    const auto start = clock::now();
-    auto last_check = start;
-    int rounds = 0;
-    const int c = ::sched_getcpu();
-    const std::uint32_t mine = c < 0 ? 0 : static_cast<std::uint32_t>(c) + 1;
-    if (mine && cpu_slot(me_).load(std::memory_order_relaxed) != mine) cpu_slot(me_).store(mine, std::memory_order_relaxed);
-    for (;;) {
-      const int behind = behind_of();
-      if (behind < 0) return {};
-      const auto now = clock::now();
-      if (now - start < spin_) {
-        if (mine && cpu_slot(behind).load(std::memory_order_relaxed) == mine) ::sched_yield();
-        else detail::cpu_relax();
-        continue;
-      }
-      if (aborted_ && aborted_->load(std::memory_order_relaxed))
-        return make_error(errc::aborted, "shm-direct: aborted");
-      if (now - last_check > std::chrono::milliseconds(10)) {
-        last_check = now;
-        CCLITE_TRY(probe());
-        for (const member& m : members_)
-          if (!detail::process_alive(m.watch_pid))
-            return make_error(errc::peer_lost, "shm-direct: %s is gone (process exited or was killed)", m.name.c_str());
-        if (until.expired()) {
-          return make_error(errc::timeout, "shm-direct: %s has not %s after %.1f s",
-                            members_[static_cast<std::size_t>(behind)].name.c_str(), what,
-                            std::chrono::duration<double>(now - start).count());
-        }
-      }
-      if (++rounds < 64) {
-        ::sched_yield();
-      } else {
-        struct timespec ts{0, 20000};  // 20 us: a peer descheduled on a busy core
-        ::nanosleep(&ts, nullptr);
-      }
-    }
-  }
-
-  std::vector<member> members_;
-  std::vector<segment> segs_;
-  int me_ = 0;
-  std::size_t cap_ = 0;
-  std::uint64_t step_ = 0;
-  std::uint64_t small_step_ = 0;  // small_exchange's calls
-  bool window_ = false;
-  std::vector<std::uint8_t> scratch_;  // allreduce_window, member >= 2: one piece
-  const std::atomic<bool>* aborted_ = nullptr;
-  std::chrono::nanoseconds spin_{std::chrono::microseconds(10)};
 };
 
 }  // namespace cclite::shm
