@@ -202,7 +202,7 @@ struct link_state {
   bool credit_inflight = false;
   bool peer_closed = false;  // the peer's imm_close arrived (flow.hpp)
   bool close_sent = false;   // ours is posted; its completion clears it
-  std::chrono::steady_clock::time_point last_probe{};  // link.hpp: probe()
+  std::chrono::steady_clock::time_point last_probe{};  // link_progress.hpp: probe()
 
   ~link_state() {
     for (ibv_qp*& q : qps)
