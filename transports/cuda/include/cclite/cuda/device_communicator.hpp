@@ -74,6 +74,10 @@
 // by the next call and by synchronize(); after it the object is unusable (as
 // the communicator). Every wait is bounded by the CPU communicator's timeout
 // (CCLITE_TIMEOUT). Thread safety: one thread at a time, like the communicator.
+//
+// Set-up members (create, init) are defined in device_communicator_setup.hpp;
+// the blocking forms and the call path (enqueue, routed) in
+// device_communicator_calls.hpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -81,13 +85,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <string>
-#include <utility>
 
 #include <cclite/collective/op.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
-#include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/cuda/device_call.hpp>
 #include <cclite/cuda/gpu_backend.hpp>
@@ -103,34 +104,7 @@ class device_communicator {
   /// Collective over `host` (every rank calls it): picks the device and the
   /// engine, splits a communicator for the native engine's host functions or
   /// sets up NCCL. `host` must outlive the object.
-  static result<std::unique_ptr<device_communicator>> create(Comm& host, device_options o = {}) {
-    // No device: every rank answers at once, before any collective.
-    auto count = device_count();
-    if (!count) {
-      return make_error(count.error().code(), "device_communicator rank %d: %s", host.rank(),
-                        count.error().message().c_str());
-    }
-    int dev = o.device >= 0 ? o.device : host.local_rank() % count.value();
-    CCLITE_TRY(set_device(dev));
-    auto to = env::timeout();
-    if (!to) return to.error();
-    const char* choice = o.backend ? o.backend : env::raw("GPU_BACKEND", false);
-    std::string c = choice ? choice : "";
-    for (auto& ch : c) ch = static_cast<char>(ch >= 'A' && ch <= 'Z' ? ch | 0x20 : ch);
-    const bool is_auto = c.empty() || c == "auto";
-    auto parsed = parse_gpu_backend(choice);
-    if (!parsed) return parsed.error();
-    gpu_backend engine = parsed.value();
-    if (is_auto && engine == gpu_backend::nccl) {
-      // NCCL wants one rank per GPU: only when every node has a device per local rank.
-      std::int64_t own = host.local_size() <= count.value() ? 1 : 0;
-      CCLITE_TRY(host.allreduce(&own, &own, 1, dtype::int64, reduce_op::min));
-      if (own == 0) engine = gpu_backend::native;
-    }
-    std::unique_ptr<device_communicator> d(new device_communicator(host, dev, engine, to.value(), o));
-    CCLITE_TRY(d->init());
-    return result<std::unique_ptr<device_communicator>>(std::move(d));
-  }
+  static result<std::unique_ptr<device_communicator>> create(Comm& host, device_options o = {});
 
   device_communicator(const device_communicator&) = delete;
   device_communicator& operator=(const device_communicator&) = delete;
@@ -266,93 +240,34 @@ class device_communicator {
   }
 
   // ---- blocking: host or device buffers, routed by where they live --------------
+  // Defined in device_communicator_calls.hpp.
 
-  status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return routed("allreduce", send, recv, [&] { return host_->allreduce(send, recv, count, t, op); },
-                  [&](cudaStream_t s) { return allreduce(send, recv, count, t, op, s); });
-  }
+  status allreduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op);
   template <class T>
   status allreduce(T* data, std::size_t count, reduce_op op = reduce_op::sum) {
     return allreduce(data, data, count, dtype_of_v<T>, op);
   }
 
-  status broadcast(void* buf, std::size_t count, dtype t, int root) {
-    return routed("broadcast", buf, buf, [&] { return host_->broadcast(buf, count, t, root); },
-                  [&](cudaStream_t s) { return broadcast(buf, count, t, root, s); });
-  }
+  status broadcast(void* buf, std::size_t count, dtype t, int root);
   template <class T>
   status broadcast(T* buf, std::size_t count, int root) {
     return broadcast(buf, count, dtype_of_v<T>, root);
   }
 
-  status reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root) {
-    // Only the root's recv is used, so only it takes part in the route.
-    return routed("reduce", send, rank() == root ? recv : nullptr,
-                  [&] { return host_->reduce(send, recv, count, t, op, root); },
-                  [&](cudaStream_t s) { return reduce(send, recv, count, t, op, root, s); });
-  }
-
-  status allgather(const void* send, void* recv, std::size_t count, dtype t) {
-    return routed("allgather", send, recv, [&] { return host_->allgather(send, recv, count, t); },
-                  [&](cudaStream_t s) { return allgather(send, recv, count, t, s); });
-  }
-
-  status reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
-    return routed("reduce_scatter", send, recv, [&] { return host_->reduce_scatter(send, recv, count, t, op); },
-                  [&](cudaStream_t s) { return reduce_scatter(send, recv, count, t, op, s); });
-  }
-
-  status gather(const void* send, void* recv, std::size_t count, dtype t, int root) {
-    // Only the root's recv is used, so only it takes part in the route.
-    return routed("gather", send, rank() == root ? recv : nullptr,
-                  [&] { return host_->gather(send, recv, count, t, root); },
-                  [&](cudaStream_t s) { return gather(send, recv, count, t, root, s); });
-  }
-
-  status scatter(const void* send, void* recv, std::size_t count, dtype t, int root) {
-    // Only the root's send is read.
-    return routed("scatter", rank() == root ? send : nullptr, recv,
-                  [&] { return host_->scatter(send, recv, count, t, root); },
-                  [&](cudaStream_t s) { return scatter(send, recv, count, t, root, s); });
-  }
-
-  status alltoall(const void* send, void* recv, std::size_t count, dtype t) {
-    return routed("alltoall", send, recv, [&] { return host_->alltoall(send, recv, count, t); },
-                  [&](cudaStream_t s) { return alltoall(send, recv, count, t, s); });
-  }
-
+  status reduce(const void* send, void* recv, std::size_t count, dtype t, reduce_op op, int root);
+  status allgather(const void* send, void* recv, std::size_t count, dtype t);
+  status reduce_scatter(const void* send, void* recv, std::size_t count, dtype t, reduce_op op);
+  status gather(const void* send, void* recv, std::size_t count, dtype t, int root);
+  status scatter(const void* send, void* recv, std::size_t count, dtype t, int root);
+  status alltoall(const void* send, void* recv, std::size_t count, dtype t);
   status allgatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
-                    const std::size_t* displs, dtype t) {
-    return routed("allgatherv", send, recv,
-                  [&] { return host_->allgatherv(send, send_count, recv, counts, displs, t); },
-                  [&](cudaStream_t s) { return allgatherv(send, send_count, recv, counts, displs, t, s); });
-  }
-
+                    const std::size_t* displs, dtype t);
   status alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
-                   const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t) {
-    return routed("alltoallv", send, recv,
-                  [&] { return host_->alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t); },
-                  [&](cudaStream_t s) {
-                    return alltoallv(send, send_counts, send_displs, recv, recv_counts, recv_displs, t, s);
-                  });
-  }
-
+                   const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t);
   status sendrecv(const void* send, std::size_t send_count, int dst, void* recv, std::size_t recv_count, int src,
-                  dtype t) {
-    return routed("sendrecv", send_count ? send : nullptr, recv_count ? recv : nullptr,
-                  [&] { return host_->sendrecv(send, send_count, dst, recv, recv_count, src, t); },
-                  [&](cudaStream_t s) { return sendrecv(send, send_count, dst, recv, recv_count, src, t, s); });
-  }
-
-  status send(const void* buf, std::size_t count, dtype t, int peer) {
-    return routed("send", buf, nullptr, [&] { return host_->send(buf, count, t, peer); },
-                  [&](cudaStream_t s) { return send(buf, count, t, peer, s); });
-  }
-
-  status recv(void* buf, std::size_t count, dtype t, int peer) {
-    return routed("recv", nullptr, buf, [&] { return host_->recv(buf, count, t, peer); },
-                  [&](cudaStream_t s) { return recv(buf, count, t, peer, s); });
-  }
+                  dtype t);
+  status send(const void* buf, std::size_t count, dtype t, int peer);
+  status recv(void* buf, std::size_t count, dtype t, int peer);
 
   /// Waits until everything enqueued on `stream` has run (bounded by the
   /// timeout), then reports the first failure of an enqueued collective.
@@ -371,70 +286,13 @@ class device_communicator {
   device_communicator(Comm& host, int dev, gpu_backend engine, milliseconds timeout, const device_options& o)
       : host_(&host), device_(dev), engine_(engine), timeout_(timeout), opts_(o) {}
 
-  status init() {
-    // The blocking forms' stream synchronises with the legacy default stream:
-    // a cudaMemcpy from pageable memory returns before its DMA has landed, and
-    // work on a non-blocking stream may read the old contents (on an H200,
-    // device_allreduce_perf's `cudaMemcpy(d, host, ...)` followed by an
-    // allreduce on its non-blocking stream gave wrong results).
-    auto s = stream::create(cudaStreamDefault);
-    if (!s) return s.error();
-    own_stream_ = std::move(s.value());
-#if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
-    if (engine_ == gpu_backend::nccl) {
-      auto id = nccl::broadcast_unique_id(*host_);
-      if (!id) return id.error();
-      nccl::options no;
-      no.device = device_;
-      no.timeout = timeout_;
-      auto b = nccl::backend::create_with_id(id.value(), rank(), size(), no);
-      if (!b) return b.error();
-      nccl_ = std::move(b.value());
-      return status();
-    }
-#endif
-    auto e = detail::native_engine<Comm>::create(*host_, device_, opts_, timeout_);
-    if (!e) return e.error();
-    native_ = std::move(e.value());
-    return status();
-  }
-
-  // Checks the arguments, then hands the call to the engine.
+  // Defined in device_communicator_setup.hpp (init) and
+  // device_communicator_calls.hpp (enqueue, routed).
+  status init();
   status enqueue(collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
-                 int root, cudaStream_t stream, detail::v_args va = {}) {
-    CCLITE_TRY(failure());
-    op_desc d = op_desc::of(k, send, recv, count, t, op, root);
-    va.apply(d);
-    CCLITE_TRY(detail::check_device_call(d, rank(), size()));
-    if (k == collective_kind::alltoallv && send == recv) {  // MPI_IN_PLACE: the recv arrays both ways
-      va.counts = va.rcounts;
-      va.displs = va.rdispls;
-    }
-    // The v-variants go on even with nothing here: the others may have blocks.
-    if (count == 0 && va.count2 == 0 && !detail::is_v(k)) return status();
-#if defined(CCLITE_HAS_NCCL) && CCLITE_HAS_NCCL
-    if (nccl_) return detail::enqueue_on_nccl(*nccl_, rank(), k, send, recv, count, t, op, root, stream, va);
-#endif
-    return native_->enqueue(k, send, recv, count, t, op, root, stream, va);
-  }
-
-  // The blocking forms: host pointers to the CPU communicator, device pointers
-  // through the stream-ordered path on own_stream_ and a bounded wait.
+                 int root, cudaStream_t stream, detail::v_args va = {});
   template <class OnHost, class OnDevice>
-  status routed(const char* what, const void* send, const void* recv, OnHost&& on_host, OnDevice&& on_device) {
-    switch (route_of(send, recv)) {
-      case buffer_route::host: return on_host();
-      case buffer_route::mixed:
-        return make_error(errc::invalid_argument,
-                          "device %s: send %p is %s memory and recv %p is %s memory; both must be host or "
-                          "both device",
-                          what, send, to_string(query_pointer(send).kind), recv,
-                          to_string(query_pointer(recv).kind));
-      case buffer_route::device: break;
-    }
-    CCLITE_TRY(on_device(own_stream_.get()));
-    return synchronize(own_stream_.get());
-  }
+  status routed(const char* what, const void* send, const void* recv, OnHost&& on_host, OnDevice&& on_device);
 
   Comm* host_;
   int device_;
@@ -449,3 +307,7 @@ class device_communicator {
 };
 
 }  // namespace cclite::cuda
+
+// The member definitions (each includes this header: either may come first).
+#include <cclite/cuda/device_communicator_calls.hpp>
+#include <cclite/cuda/device_communicator_setup.hpp>
