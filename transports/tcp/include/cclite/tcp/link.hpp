@@ -3,13 +3,10 @@
 // A link owns nsocks connected non-blocking sockets and two staging rings of
 // `capacity` bytes (send and recv), allocated and touched once at connect.
 //
-// Striping: the byte stream of each direction is cut into blocks of `block`
-// bytes; block i travels on socket i % nsocks. No framing is needed: socket j
-// carries blocks j, j+n, j+2n, ... back to back, so byte q of socket j is
-// stream byte ((q / block) * n + j) * block + q % block. A sender pushes a
-// partially committed block as far as it goes and continues it later; a
-// receiver lands every byte directly at its stream position in the recv ring,
-// and recv_peek() exposes the prefix that is complete on all sockets.
+// Its parts: link_stripes.hpp (which stream bytes each socket carries, and the
+// sendmsg/recvmsg that move them), link_wait.hpp (the spin-then-sleep loop
+// behind wait() and flush(), and error recording); both are included at the
+// end of this header.
 //
 // Progress happens inside poll() and wait(), on the caller's thread: every
 // call pushes pending output *and* pulls input, whichever direction the
@@ -18,18 +15,6 @@
 // send_commit() also pushes, without blocking, once `eager` bytes are pending.
 // Off by default: neutral over loopback, slower over veth in measurements
 // (docs/performance.md, "Session 3: TCP").
-//
-// Waiting: wait() first spins for `spin` (default 200 us; poll(2) with a zero
-// timeout, one syscall for all sockets), then sleeps in poll(2). A wake-up
-// from poll(2) costs 20-40 us on a loaded VM, more than a loopback round trip;
-// the spin turns most small-message waits into no sleep at all (Open MPI's
-// TCP BTL never sleeps while a request is pending). Each empty spin round
-// calls sched_yield(): with more runnable processes than CPUs the spin would
-// otherwise hold the CPU the peer needs to answer (measured: 233 us per 8-byte
-// call with one CPU hog, 32 us with the yield, 33 us without spinning).
-// CCLITE_TCP_SPIN_US=0 turns the spin off. An adaptive spin (halved after a
-// wait that slept) was tried and dropped: its floor fell below the round trip
-// and it stayed there (45 us per call).
 //
 // Granularity: TCP delivers any number of bytes, so recv_peek() may end in the
 // middle of an element; callers take whole elements and wait for the rest (the
@@ -45,14 +30,10 @@
 // peeked); wait() adds timeout and aborted, which are not sticky.
 #pragma once
 
-#include <poll.h>
-#include <sched.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -210,211 +191,22 @@ CCLITE_SETUP_CODE_END
 
   static constexpr int max_iov = 16;
 
-  std::uint64_t block_end(std::uint64_t pos) const noexcept { return pos - pos % block_ + block_; }
-
-  // Moves a per-socket stream position forward by `bytes` of that socket's
-  // stream, jumping over the other sockets' blocks at each block end.
-  std::uint64_t advance(std::uint64_t pos, std::uint64_t bytes) const noexcept {
-    while (bytes > 0) {
-      std::uint64_t end = block_end(pos);
-      std::uint64_t take = std::min(end - pos, bytes);
-      pos += take;
-      bytes -= take;
-      if (pos == end) pos += static_cast<std::uint64_t>(n_ - 1) * block_;
-    }
-    return pos;
-  }
-
-  // Fills iov with ring regions of socket j's stream from `pos` up to `limit`
-  // (exclusive stream position). Returns the iov count; `want` = total bytes.
+  // Striping (link_stripes.hpp).
+  std::uint64_t block_end(std::uint64_t pos) const noexcept;
+  std::uint64_t advance(std::uint64_t pos, std::uint64_t bytes) const noexcept;
   int gather(std::uint64_t pos, std::uint64_t limit, std::uint8_t* ring, iovec* iov,
-             std::uint64_t& want) const noexcept {
-    int cnt = 0;
-    want = 0;
-    while (cnt < max_iov && pos < limit) {
-      std::uint64_t be = block_end(pos);
-      std::uint64_t off = pos % cap_;
-      std::uint64_t len = std::min(be, limit) - pos;
-      len = std::min(len, cap_ - off);
-      std::uint8_t* base = ring + off;
-      if (cnt > 0 && static_cast<std::uint8_t*>(iov[cnt - 1].iov_base) + iov[cnt - 1].iov_len == base) {
-        iov[cnt - 1].iov_len += len;  // n == 1: consecutive blocks are adjacent
-      } else {
-        iov[cnt++] = iovec{base, static_cast<std::size_t>(len)};
-      }
-      want += len;
-      pos += len;
-      if (pos == be) pos += static_cast<std::uint64_t>(n_ - 1) * block_;
-    }
-    return cnt;
-  }
+             std::uint64_t& want) const noexcept;
+  void push(int j);
+  void pull_ready();
+  void pull(int j);
 
-  void push(int j) {
-    while (spos_[j] < committed_) {
-      iovec iov[max_iov];
-      std::uint64_t want = 0;
-      int cnt = gather(spos_[j], committed_, mem_.data(), iov, want);
-      msghdr m{};
-      m.msg_iov = iov;
-      m.msg_iovlen = static_cast<decltype(m.msg_iovlen)>(cnt);
-      ssize_t w = ::sendmsg(fds_[j].get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        if (!io_error(errno, j)) break;
-        return;
-      }
-      spos_[j] = advance(spos_[j], static_cast<std::uint64_t>(w));
-      if (static_cast<std::uint64_t>(w) < want) break;
-    }
-    std::uint64_t lo = committed_;
-    for (int k = 0; k < n_; ++k) lo = std::min(lo, spos_[k]);
-    sent_ = lo;
-  }
-
-  // Pulls every socket that has input. With several sockets, one zero-timeout
-  // poll(2) finds the readable ones first: a recvmsg per socket that fails
-  // with EAGAIN costs more (syscalls are the price of a small message, and
-  // usually only one socket carries it).
-  void pull_ready() {
-    if (n_ == 1) {
-      pull(0);
-      return;
-    }
-    pollfd fds[max_nsocks];
-    int want = 0;
-    for (int j = 0; j < n_; ++j) {
-      const bool room = rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j));
-      fds[j] = pollfd{fds_[j].get(), static_cast<short>(room ? POLLIN : 0), 0};
-      want += room;
-    }
-    if (want == 0) return;
-    int r = ::poll(fds, static_cast<nfds_t>(n_), 0);
-    if (r <= 0) return;  // nothing readable (or EINTR: the next call retries)
-    for (int j = 0; j < n_ && error_.ok(); ++j) {
-      if (fds[j].revents != 0) pull(j);
-    }
-  }
-
-  void pull(int j) {
-    if (closed_mask_ & (1u << j)) return;
-    while (rpos_[j] < consumed_ + cap_) {
-      iovec iov[max_iov];
-      std::uint64_t want = 0;
-      int cnt = gather(rpos_[j], consumed_ + cap_, mem_.data() + cap_, iov, want);
-      msghdr m{};
-      m.msg_iov = iov;
-      m.msg_iovlen = static_cast<decltype(m.msg_iovlen)>(cnt);
-      ssize_t r = ::recvmsg(fds_[j].get(), &m, MSG_DONTWAIT);
-      if (r == 0) {
-        closed_mask_ |= 1u << j;  // orderly close; an error only if we need more (wait())
-        break;
-      }
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (!io_error(errno, j)) break;
-        return;
-      }
-      rpos_[j] = advance(rpos_[j], static_cast<std::uint64_t>(r));
-      if (static_cast<std::uint64_t>(r) < want) break;
-    }
-    std::uint64_t lo = rpos_[0];
-    for (int k = 1; k < n_; ++k) lo = std::min(lo, rpos_[k]);
-    received_ = lo;
-  }
-
-  // The loop behind wait() and flush(): progress, then sleep in poll(2) on all
-  // sockets (POLLOUT where bytes are pending, POLLIN where the recv ring has
-  // room) for at most 50 ms, until done() or an error.
+  // Waiting and errors (link_wait.hpp).
   template <class Done>
-  status progress_until(deadline until, bool needs_peer_reading, wait_for w, Done done) {
-    auto start = clock::now();
-    const auto spin_end = start + spin_;
-    for (;;) {
-      CCLITE_TRY(poll());
-      if (done()) return {};
-      if (closed_mask_ != 0 && (needs_peer_reading || recv_starved_by_eof())) {
-        return fail(make_error(errc::peer_lost,
-                               "connection to %s lost: connection closed by peer (end of stream; "
-                               "received %llu bytes, %llu bytes of ours not yet sent)",
-                               desc_.c_str(), (unsigned long long)received_,
-                               (unsigned long long)(committed_ - sent_)));
-      }
-      if (aborted_ && aborted_->load(std::memory_order_relaxed)) {
-        return make_error(errc::aborted, "communicator aborted while waiting for %s over tcp",
-                          desc_.c_str());
-      }
-      if (until.expired()) return until.is_slice() ? status(errc::timeout, std::string()) : timeout_error(w, start);
-      pollfd fds[max_nsocks];
-      for (int j = 0; j < n_; ++j) {
-        short ev = 0;
-        if (spos_[j] < committed_) ev |= POLLOUT;
-        if (rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j))) ev |= POLLIN;
-        fds[j] = pollfd{fds_[j].get(), ev, 0};
-      }
-      // Spin (zero-timeout polls, no progress calls in between) until
-      // spin_end, then sleep.
-      int r = 0;
-      for (;;) {
-        const bool spinning = clock::now() < spin_end;
-        r = ::poll(fds, static_cast<nfds_t>(n_),
-                   spinning ? 0 : static_cast<int>(until.remaining(milliseconds(50)).count()));
-        if (r != 0 || !spinning) break;
-        // Let a runnable peer on this CPU answer (more ranks than CPUs).
-        ::sched_yield();
-      }
-      if (r < 0 && errno != EINTR) {
-        return fail(make_error(errc::system_error, "poll() on the tcp link to %s failed: %s",
-                               desc_.c_str(), detail::errno_text(errno).c_str()));
-      }
-    }
-  }
-
-  // Classifies a send/recv errno: false = "try later", true = failed (sticky).
-  bool io_error(int e, int j) {
-    if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS || e == ENOMEM) return false;
-    const char* why = nullptr;
-    switch (e) {
-      case ECONNRESET: case EPIPE: why = "connection reset by peer"; break;
-      case ETIMEDOUT: why = "no answer to keepalive probes or retransmissions (host down or network cut)"; break;
-      case EHOSTUNREACH: case ENETUNREACH: case ENETDOWN: case ECONNABORTED: case ENOTCONN: break;
-      default:
-        fail(make_error(errc::system_error, "tcp link to %s: socket %d of %d failed: %s",
-                        desc_.c_str(), j, n_, detail::errno_text(e).c_str()));
-        return true;
-    }
-    std::string text = why ? std::string(why) : detail::errno_text(e);
-    fail(make_error(errc::peer_lost, "connection to %s lost: %s (socket %d of %d)", desc_.c_str(),
-                    text.c_str(), j, n_));
-    return true;
-  }
-
-  // The socket that carries the next byte the reader needs is at end of stream.
-  bool recv_starved_by_eof() const noexcept {
-    int j = static_cast<int>((received_ / block_) % static_cast<std::uint64_t>(n_));
-    return (closed_mask_ & (1u << j)) != 0 && recv_peek().empty();
-  }
-
-  // No duration in the text: callers wait in slices and know how long they
-  // have been blocked (the primitives add it).
-  status timeout_error(wait_for w, clock::time_point) const {
-    if (w == wait_for::send) {
-      return make_error(errc::timeout,
-                        "timed out waiting for %s to take data over tcp (send ring "
-                        "full, %llu bytes not yet sent)",
-                        desc_.c_str(), (unsigned long long)(committed_ - sent_));
-    }
-    return make_error(errc::timeout,
-                      "timed out waiting for data from %s over tcp (%llu bytes "
-                      "received so far, %llu of ours not yet sent)",
-                      desc_.c_str(), (unsigned long long)received_,
-                      (unsigned long long)(committed_ - sent_));
-  }
-
-  // Records the first hard error; every later poll()/wait() returns it.
-  const status& fail(status s) {
-    if (error_.ok()) error_ = std::move(s);
-    return error_;
-  }
+  status progress_until(deadline until, bool needs_peer_reading, wait_for w, Done done);
+  bool io_error(int e, int j);
+  bool recv_starved_by_eof() const noexcept;
+  status timeout_error(wait_for w, clock::time_point) const;
+  const status& fail(status s);
 
   int peer_ = -1;
   int n_ = 0;
@@ -443,3 +235,8 @@ CCLITE_SETUP_CODE_END
 static_assert(is_link_v<link>, "tcp::link must model the link concept");
 
 }  // namespace cclite::tcp
+
+// The private helpers' definitions, in the order they had inside the class:
+// that order decides the layout of the emitted code, which stays as it was.
+#include <cclite/tcp/link_stripes.hpp>
+#include <cclite/tcp/link_wait.hpp>

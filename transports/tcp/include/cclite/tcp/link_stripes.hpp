@@ -1,0 +1,142 @@
+// cclite/tcp/link_stripes.hpp - tcp::link's striping: which stream bytes each
+// of its sockets carries, and the non-blocking sendmsg/recvmsg that move them.
+//
+// Definitions of link's private push/pull side, declared in link.hpp, which
+// includes this header at its end (including this one first works too).
+//
+// Striping: the byte stream of each direction is cut into blocks of `block`
+// bytes; block i travels on socket i % nsocks. No framing is needed: socket j
+// carries blocks j, j+n, j+2n, ... back to back, so byte q of socket j is
+// stream byte ((q / block) * n + j) * block + q % block. A sender pushes a
+// partially committed block as far as it goes and continues it later; a
+// receiver lands every byte directly at its stream position in the recv ring,
+// and recv_peek() exposes the prefix that is complete on all sockets.
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+
+#include <cclite/tcp/hello.hpp>
+#include <cclite/tcp/link.hpp>
+#include <cclite/tcp/socket.hpp>
+
+namespace cclite::tcp {
+
+inline std::uint64_t link::block_end(std::uint64_t pos) const noexcept { return pos - pos % block_ + block_; }
+
+// Moves a per-socket stream position forward by `bytes` of that socket's
+// stream, jumping over the other sockets' blocks at each block end.
+inline std::uint64_t link::advance(std::uint64_t pos, std::uint64_t bytes) const noexcept {
+  while (bytes > 0) {
+    std::uint64_t end = block_end(pos);
+    std::uint64_t take = std::min(end - pos, bytes);
+    pos += take;
+    bytes -= take;
+    if (pos == end) pos += static_cast<std::uint64_t>(n_ - 1) * block_;
+  }
+  return pos;
+}
+
+// Fills iov with ring regions of socket j's stream from `pos` up to `limit`
+// (exclusive stream position). Returns the iov count; `want` = total bytes.
+inline int link::gather(std::uint64_t pos, std::uint64_t limit, std::uint8_t* ring, iovec* iov,
+                            std::uint64_t& want) const noexcept {
+  int cnt = 0;
+  want = 0;
+  while (cnt < max_iov && pos < limit) {
+    std::uint64_t be = block_end(pos);
+    std::uint64_t off = pos % cap_;
+    std::uint64_t len = std::min(be, limit) - pos;
+    len = std::min(len, cap_ - off);
+    std::uint8_t* base = ring + off;
+    if (cnt > 0 && static_cast<std::uint8_t*>(iov[cnt - 1].iov_base) + iov[cnt - 1].iov_len == base) {
+      iov[cnt - 1].iov_len += len;  // n == 1: consecutive blocks are adjacent
+    } else {
+      iov[cnt++] = iovec{base, static_cast<std::size_t>(len)};
+    }
+    want += len;
+    pos += len;
+    if (pos == be) pos += static_cast<std::uint64_t>(n_ - 1) * block_;
+  }
+  return cnt;
+}
+
+inline void link::push(int j) {
+  while (spos_[j] < committed_) {
+    iovec iov[max_iov];
+    std::uint64_t want = 0;
+    int cnt = gather(spos_[j], committed_, mem_.data(), iov, want);
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<decltype(m.msg_iovlen)>(cnt);
+    ssize_t w = ::sendmsg(fds_[j].get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (!io_error(errno, j)) break;
+      return;
+    }
+    spos_[j] = advance(spos_[j], static_cast<std::uint64_t>(w));
+    if (static_cast<std::uint64_t>(w) < want) break;
+  }
+  std::uint64_t lo = committed_;
+  for (int k = 0; k < n_; ++k) lo = std::min(lo, spos_[k]);
+  sent_ = lo;
+}
+
+// Pulls every socket that has input. With several sockets, one zero-timeout
+// poll(2) finds the readable ones first: a recvmsg per socket that fails
+// with EAGAIN costs more (syscalls are the price of a small message, and
+// usually only one socket carries it).
+inline void link::pull_ready() {
+  if (n_ == 1) {
+    pull(0);
+    return;
+  }
+  pollfd fds[max_nsocks];
+  int want = 0;
+  for (int j = 0; j < n_; ++j) {
+    const bool room = rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j));
+    fds[j] = pollfd{fds_[j].get(), static_cast<short>(room ? POLLIN : 0), 0};
+    want += room;
+  }
+  if (want == 0) return;
+  int r = ::poll(fds, static_cast<nfds_t>(n_), 0);
+  if (r <= 0) return;  // nothing readable (or EINTR: the next call retries)
+  for (int j = 0; j < n_ && error_.ok(); ++j) {
+    if (fds[j].revents != 0) pull(j);
+  }
+}
+
+inline void link::pull(int j) {
+  if (closed_mask_ & (1u << j)) return;
+  while (rpos_[j] < consumed_ + cap_) {
+    iovec iov[max_iov];
+    std::uint64_t want = 0;
+    int cnt = gather(rpos_[j], consumed_ + cap_, mem_.data() + cap_, iov, want);
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = static_cast<decltype(m.msg_iovlen)>(cnt);
+    ssize_t r = ::recvmsg(fds_[j].get(), &m, MSG_DONTWAIT);
+    if (r == 0) {
+      closed_mask_ |= 1u << j;  // orderly close; an error only if we need more (wait())
+      break;
+    }
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (!io_error(errno, j)) break;
+      return;
+    }
+    rpos_[j] = advance(rpos_[j], static_cast<std::uint64_t>(r));
+    if (static_cast<std::uint64_t>(r) < want) break;
+  }
+  std::uint64_t lo = rpos_[0];
+  for (int k = 1; k < n_; ++k) lo = std::min(lo, rpos_[k]);
+  received_ = lo;
+}
+
+}  // namespace cclite::tcp
