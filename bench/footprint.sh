@@ -10,8 +10,9 @@
 #  2. stripped size of hello_allreduce linked with -static-libstdc++ -static-libgcc
 #     and dynamically, and of edge_sensor_average (-O2, -s); and hello_allreduce
 #     built for size (-Os) and as the embedded configuration (-Os -fno-exceptions
-#     -fno-rtti), dynamic. Where the bytes go:
-#       g++ -O2 ... -c samples/hello_allreduce.cpp && nm -C -S --size-sort hello_allreduce.o
+#     -fno-rtti), dynamic; and where hello_allreduce's -O2 code goes, by part of
+#     cclite (the last table; function by function:
+#       g++ -O2 ... -c samples/hello_allreduce.cpp && nm -C -S --size-sort hello_allreduce.o)
 #  3. resident memory of each rank of a 2-rank job at rest (after set-up and
 #     one 4-byte allreduce): VmRSS and Pss (/proc/self/status, smaps_rollup;
 #     Pss splits shared pages, e.g. the shm FIFOs, between the ranks), with the
@@ -44,6 +45,41 @@ timed() {
     if [[ -z $best_w ]] || awk "BEGIN{exit !($w < $best_w)}"; then best_w=$w; best_u=$u; fi
   done
   echo "$best_w $best_u"
+}
+
+# Where the code of an object goes, by part of cclite: "KB functions part"
+# (demangled names without template arguments, matched by pattern; sizes in
+# decimal through nm -t d, since Debian's awk has no strtonum).
+where() {
+  nm -C -S --size-sort -t d "$1" | awk '
+    $3 ~ /^[tTwW]$/ {
+      size = $2 + 0; name = $0; sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", name)
+      # the qualified name without template arguments, parameters or return type
+      out = ""; depth = 0
+      for (i = 1; i <= length(name); ++i) {
+        c = substr(name, i, 1)
+        if (c == "<") { ++depth; continue }
+        if (c == ">") { --depth; continue }
+        if (depth == 0 && c == "(") break
+        if (depth == 0) out = out c
+      }
+      n = split(out, w, " "); q = w[n]
+      if (q ~ /store|rendezvous|auth/) part = "stores and rendezvous (bootstrap/, tcp/store_*, tcp/rendezvous)"
+      else if (q ~ /^cclite::tcp::/) part = "tcp transport"
+      else if (q ~ /^cclite::shm::/) part = "shm transport (links, shm-direct)"
+      else if (q ~ /ring_|tree|halving|recursive|hier_|primitives|p2p|chain_|barrier/) part = "algorithms and primitives"
+      else if (q ~ /launch|env|topology|peer_info/) part = "launch environment, topology"
+      else if (q ~ /^cclite::(detail::comm_|communicator|detail::work_queue|algorithm_selector|detail::call|detail::mismatch|detail::validate|init|env_communicator|cost)/) part = "communicator (dispatch, checks, queue, selection, set-up)"
+      else if (q ~ /^cclite::/) part = "other cclite (status, result, logging, reduction kernels, ...)"
+      else if (q ~ /^std::/) part = "std templates"
+      else part = "other (main, runtime glue)"
+      sum[part] += size; cnt[part]++; total += size
+    }
+    END {
+      for (p in sum) printf "%6.1f KB %4d  %s\n", sum[p] / 1000, cnt[p], p | "sort -rn"
+      close("sort -rn")
+      printf "%6.1f KB        all functions\n", total / 1000
+    }'
 }
 
 # 1. compile time -------------------------------------------------------------------
@@ -120,3 +156,5 @@ printf '%-58s %s\n' "  shm, default buffers (4M FIFOs)" "$m_shm"
 printf '%-58s %s\n' "  tcp, default buffers (4M rings, 2 sockets)" "$m_tcp"
 printf '%-58s %s\n' "  shm, smallest buffers" "$m_shm_small"
 printf '%-58s %s\n' "  tcp, smallest buffers" "$m_tcp_small"
+printf '%s\n' "where hello_allreduce's -O2 code goes (functions in hello.o, by part):"
+where "$tmp/hello.o" | sed 's/^/  /'
