@@ -128,7 +128,7 @@ int run_one(default_communicator& c, const call& k) {
     case coll::allgather: {
       got.assign(cnt * s * N, 0xee);
       bytes_t in = contribution(k.t, me, cnt, 0);
-      if (k.in_place) std::memcpy(got.data() + static_cast<std::size_t>(me) * cnt * s, in.data(), in.size());
+      if (k.in_place && cnt) std::memcpy(got.data() + static_cast<std::size_t>(me) * cnt * s, in.data(), in.size());
       st = c.allgather(k.in_place ? got.data() + static_cast<std::size_t>(me) * cnt * s : in.data(), got.data(), cnt, k.t);
       for (int r = 0; r < n; ++r) {
         bytes_t b = contribution(k.t, r, cnt);

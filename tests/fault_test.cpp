@@ -445,6 +445,63 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
   }
 }
 
+TEST_CASE("a rank lost before a call that connects links on first use: the survivors report it at once") {
+  // Tree, recursive doubling, halving-doubling, gather and alltoall connect
+  // links beyond the ring on their first call, and the hierarchical allreduce
+  // builds its sub-communicators through the store: waits that see no lost
+  // rank. Each first use passes a token around the ring first
+  // (agree_before_connecting in comm_checks.hpp), so the loss is reported by
+  // the ring's links, not after CCLITE_TIMEOUT (600 s here: the 60 s hang
+  // guard catches a survivor that waits it out).
+  struct lazy_case {
+    net n;
+    const char* algo;  // CCLITE_ALGO
+    const char* what;
+    std::function<status(default_communicator&, std::vector<float>&)> call;
+  };
+  const std::vector<lazy_case> cases = {
+      {net::tcp_only, "allreduce:tree", "tree allreduce", [](auto& c, auto& v) { return c.allreduce(v.data(), v.size()); }},
+      {net::tcp_only, "allreduce:rd", "recursive doubling", [](auto& c, auto& v) { return c.allreduce(v.data(), 100); }},
+      {net::tcp_only, "allreduce:rhd", "halving-doubling", [](auto& c, auto& v) { return c.allreduce(v.data(), 4096); }},
+      {net::tcp_only, "broadcast:tree", "tree broadcast from rank 3", [](auto& c, auto& v) { return c.broadcast(v.data(), v.size(), 3); }},
+      {net::tcp_only, "", "gather to rank 2", [](auto& c, auto& v) { return c.gather(v.data(), v.data() + 1000, 100, dtype::float32, 2); }},
+      {net::tcp_only, "", "alltoall", [](auto& c, auto& v) { return c.alltoall(v.data(), v.data() + 4000, 1000, dtype::float32); }},
+      {net::shm_only, "", "alltoall", [](auto& c, auto& v) { return c.alltoall(v.data(), v.data() + 4000, 1000, dtype::float32); }},
+      {net::mixed, "allreduce:hier", "hierarchical allreduce", [](auto& c, auto& v) { return c.allreduce(v.data(), v.size()); }},
+  };
+  for (const auto& k : cases) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        4,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz, comm_options{milliseconds(600000)});
+          const std::string victim = c->peer(1).describe();
+          MP_REQUIRE_OK(c->barrier());  // everybody's set-up is done
+          if (rank == 1) ::raise(SIGKILL);
+          std::vector<float> v(1u << 20, 1.0f);
+          status st = k.call(*c, v);
+          if (st.code() != errc::peer_lost || !contains(st, victim))
+            std::fprintf(stderr, "rank %d (%s): expected peer_lost naming %s, got %s\n", rank, k.what,
+                         victim.c_str(), st.to_string().c_str());
+          MP_CHECK(st.code() == errc::peer_lost);
+          MP_CHECK(contains(st, victim));
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(k.n, rank, 4);
+          ::setenv("CCLITE_ALGO", k.algo, 1);
+        });
+    const std::string label = std::string(k.what) + " over " + test::to_string(k.n);
+    INFO(label, ": ", r.describe());
+    CHECK(r.exit_codes[0] == 0);
+    CHECK(r.exit_codes[1] == -SIGKILL);
+    CHECK(r.exit_codes[2] == 0);
+    CHECK(r.exit_codes[3] == 0);
+    CHECK_FALSE(r.timed_out);
+  }
+}
+
 TEST_CASE("timeout: a rank that never calls is named on every rank that waited") {
   for (net n : {net::shm_only, net::tcp_only}) {
     test::temp_dir dir;

@@ -540,7 +540,7 @@ sim_buffers make_sim_buffers(collective_kind kind, dtype t, int size, int root, 
     const bool block_got = kind == collective_kind::reduce_scatter || kind == collective_kind::scatter;
     b.send_at = b.recv.data() + (block_sent ? block : 0);
     b.recv_at = b.recv.data() + (block_got ? block : 0);
-    std::memcpy(b.send_at, b.send.data(), b.send.size());
+    if (!b.send.empty()) std::memcpy(b.send_at, b.send.data(), b.send.size());
   }
   return b;
 }
@@ -628,7 +628,7 @@ sim_buffers make_v_buffers(collective_kind k, dtype t, const v_layout& v, int r,
   if (in_place && k == collective_kind::alltoallv) b.send_at = b.recv_at;
   if (in_place && k == collective_kind::allgatherv) {
     b.send_at = b.recv.data() + v.sd[static_cast<std::size_t>(r)] * es;
-    std::memcpy(b.send_at, b.send.data(), b.send.size());
+    if (!b.send.empty()) std::memcpy(b.send_at, b.send.data(), b.send.size());
   }
   return b;
 }
@@ -641,11 +641,12 @@ std::vector<unsigned char> v_expected(collective_kind k, dtype t, int size, std:
   for (int q = 0; q < size; ++q) {
     const std::size_t uq = static_cast<std::size_t>(q);
     if (k == collective_kind::allgatherv) {
+      if (v.sc[uq] == 0) continue;  // an empty block: memcpy from an empty vector's null data() is UB
       std::memcpy(want.data() + v.sd[uq] * es, gpu_test::input(t, v.sc[uq], q).data(), v.sc[uq] * es);
     } else {
       const v_layout vq = v_layout_of(k, size, count, q, in_place);
       const auto from = gpu_test::input(t, vq.send_total, q);
-      std::memcpy(want.data() + v.rd[uq] * es, from.data() + vq.sd[static_cast<std::size_t>(r)] * es, v.rc[uq] * es);
+      if (v.rc[uq]) std::memcpy(want.data() + v.rd[uq] * es, from.data() + vq.sd[static_cast<std::size_t>(r)] * es, v.rc[uq] * es);
     }
   }
   return want;

@@ -70,6 +70,7 @@ class comm_algorithms : public comm_checks<Transports...> {
     if (scratch_.size() < bytes) scratch_.resize(bytes);  // only when rd is forced on large data
     int peers[64];
     const int m = recursive_doubling_peers(rank_, size_, peers);
+    CCLITE_TRY(this->agree_before_connecting(base::site_rd, -1, until));
     CCLITE_TRY(ensure_links(peers, m, until));
     auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
       return with_links(peer, peer, red.elem_size, nullptr, until, [&](auto& pr) -> status {
@@ -89,6 +90,7 @@ class comm_algorithms : public comm_checks<Transports...> {
     if (scratch_.size() < need) scratch_.resize(need);  // sized at init for the automatic range
     int peers[64];
     const int m = halving_doubling_peers(rank_, size_, peers);
+    CCLITE_TRY(this->agree_before_connecting(base::site_rhd, -1, until));
     CCLITE_TRY(ensure_links(peers, m, until));
     auto exchange = [&](int peer, const std::uint8_t* out, std::size_t ob, std::uint8_t* in, std::size_t ib) {
       return exchange_with(peer, out, ob, in, ib, red.elem_size, until);
@@ -113,6 +115,8 @@ class comm_algorithms : public comm_checks<Transports...> {
         if (p >= 0) tp[m++] = p;
     }
     for (int i = 0; i < m; ++i) peers[i] = rank_at(tp[i]);
+    CCLITE_TRY(this->agree_before_connecting(both_trees ? base::site_tree : base::site_tree_rooted,
+                                             both_trees ? -1 : root_pos, until));
     CCLITE_TRY(ensure_links(peers, m, until));
     auto send = [&](int tpos, const std::uint8_t* src, std::size_t b) {
       return exchange_with(rank_at(tpos), src, b, nullptr, 0, elem, until);
@@ -160,6 +164,7 @@ class comm_algorithms : public comm_checks<Transports...> {
     if (bytes && (gather ? !send : !recv)) return make_error(errc::invalid_argument, "%s: null buffer", to_string(d.kind));
     if (bytes && rank_ == d.root && (gather ? !recv : !send))
       return make_error(errc::invalid_argument, "%s: null buffer on the root", to_string(d.kind));
+    CCLITE_TRY(this->agree_before_connecting(base::site_rooted_direct, d.root, until));
     if (rank_ != d.root) {
       CCLITE_TRY(ensure_links(&d.root, 1, until));
       return with_links(d.root, d.root, elem, nullptr, until, [&](auto& pr) -> status {
@@ -204,6 +209,7 @@ class comm_algorithms : public comm_checks<Transports...> {
     std::vector<int>& all = scratch_peers_;
     all.resize(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) all[static_cast<std::size_t>(r)] = r;
+    CCLITE_TRY(this->agree_before_connecting(base::site_alltoall, -1, until));
     CCLITE_TRY(ensure_links(all.data(), n, until));
     if (in_place) return run_alltoall_in_place(d, recv, elem, until);
     // Outputs larger than the cache: non-temporal stores, as the rings

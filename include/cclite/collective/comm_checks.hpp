@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 #include <variant>
+#include <vector>
 
 #include <cclite/collective/comm_core.hpp>
 #include <cclite/collective/mismatch.hpp>
@@ -70,15 +71,17 @@ class comm_checks : public comm_core<Transports...> {
   }
 
   // Before a set-up that waits for every rank through the store (shm-direct's
-  // first use): makes sure every rank is in this same call. Check the ring
-  // predecessor's header, then pass a token around the ring n-1 times; a rank
-  // that found a mismatch passes none and closes its links, so no rank waits
-  // out its deadline for store keys of a rank that called something else.
+  // first use) or connects links: makes sure every rank is in this same call
+  // and alive. Check the ring predecessor's header, then pass a token around
+  // the ring n-1 times; a rank that found a mismatch, or a lost neighbour,
+  // passes none and closes its links, so no rank waits out its deadline for
+  // store keys or a connection of a rank that called something else or is
+  // gone. (With the mismatch check off, the token still goes round.)
   status agree_on_call(deadline until) {
-    if (!hdr_.active || size_ < 2) return {};
+    if (size_ < 2) return {};
     const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
     return with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
-      CCLITE_TRY(pr.check_prev());
+      if (hdr_.active) CCLITE_TRY(pr.check_prev());
       std::uint8_t token[max_dtype_size] = {};
       for (int lap = 0; lap < size_ - 1; ++lap) {
         CCLITE_TRY(pr.send(token, sizeof token));
@@ -86,6 +89,25 @@ class comm_checks : public comm_core<Transports...> {
       }
       return pr.finish();
     });
+  }
+
+  // Where a collective connects links on first use (ensure_links). A rank
+  // that waits to connect to a rank that is gone, or that already failed and
+  // will never connect, would wait out its deadline: a connect sees neither.
+  enum connect_site : int { site_rd, site_rhd, site_tree, site_tree_rooted, site_rooted_direct, site_alltoall };
+
+  // The first time a site runs (with a given root; -1: none), every rank
+  // first passes agree_on_call's token around the ring, whose links do see a
+  // lost or failed rank (README "Failure behaviour"). All ranks run the same
+  // site with the same root in the same call, so "first time" agrees on
+  // every rank, and later calls pay nothing.
+  status agree_before_connecting(connect_site site, int root, deadline until) {
+    const int key = static_cast<int>(site) * (size_ + 1) + root + 1;
+    for (int k : agreed_sites_)
+      if (k == key) return {};
+    CCLITE_TRY(agree_on_call(until));
+    agreed_sites_.push_back(key);
+    return {};
   }
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
@@ -203,6 +225,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 CCLITE_SETUP_CODE_END
 
   bool fault_spread_ = false;  // spread_failure() ran: once per communicator
+  std::vector<int> agreed_sites_;  // agree_before_connecting()'s sites and roots so far
 };
 
 }  // namespace cclite::detail

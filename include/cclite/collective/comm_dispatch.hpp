@@ -301,7 +301,10 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   // two children, built on the first call that picks it.
   status run_hier_allreduce(const op_desc& d, const reduction& red, deadline until) {
     // The children's calls share our links: our predecessor's header first.
-    CCLITE_TRY(this->settle_checks(until));
+    // Their set-up waits for every rank through the store and connects
+    // links, so the first time every rank also agrees that all are here
+    // and alive (agree_before_connecting).
+    CCLITE_TRY(hier_.built() ? this->settle_checks(until) : this->agree_on_call(until));
     if (!hier_.built()) {
       comm_options o;
       o.timeout = timeout_;
