@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tests/sanitize-suite.sh - the whole test suite under a sanitizer, by hand.
+#
+#   tests/sanitize-suite.sh [address,undefined | thread] [BUILD_DIR]
+#
+# CI runs only fault_test under ASan+UBSan and TSan (tests/sanitizers.cmake:
+# building every test instrumented would not fit its budget). This builds
+# every test program of this tree instrumented (-O1 -g; CCLITE_SANITIZE
+# instruments the test programs, not the tools or samples they start) in
+# BUILD_DIR (default /tmp/cclite-san-<name>) and runs ctest there; every
+# report halts its process, so any report is a failed test. Here (2 cores)
+# the ASan+UBSan run took ~20 min to build and ~9 min to run (Session 24);
+# under TSan the thread-using tests take 3-93 s each (collective_test the
+# longest).
+#
+# Expected failures that are not findings:
+#   - torchrun_launch_torch2 runs the instrumented collectives_check inside the
+#     Debian 13 root of scripts/torch2-root.sh, which has no libasan/libtsan;
+#     it is left out (-E).
+#   - the GPU tests skip without a device, as in the ordinary build.
+set -euo pipefail
+san=${1:-address,undefined}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${2:-/tmp/cclite-san-${san//,/-}}
+case $san in
+  *thread*) opts=(TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1) ;;
+  *) opts=(ASAN_OPTIONS=halt_on_error=1:abort_on_error=1:detect_leaks=1
+           UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1) ;;
+esac
+cmake -S "$root" -B "$bin" -DCCLITE_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g" -DCCLITE_SANITIZE_TESTS=OFF \
+  -DCCLITE_EMBEDDED_TESTS=OFF -DCCLITE_HEADER_CHECK=OFF >/dev/null
+cmake --build "$bin" -j2
+env "${opts[@]}" ctest --test-dir "$bin" --output-on-failure -j2 --timeout 900 -E '^torchrun_launch_torch2$'
