@@ -91,6 +91,7 @@ class comm_checks : public comm_core<Transports...> {
     });
   }
 
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // Where a collective connects links on first use (ensure_links). A rank
   // that waits to connect to a rank that is gone, or that already failed and
   // will never connect, would wait out its deadline: a connect sees neither.
@@ -110,7 +111,6 @@ class comm_checks : public comm_core<Transports...> {
     return {};
   }
 
-CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // After a timeout: if the ring predecessor's header has not arrived, that
   // rank never entered this collective, the most useful thing to report. If
   // it has arrived, check it (a mismatch explains the hang too). Never blocks.
