@@ -451,8 +451,8 @@ TEST_CASE("a rank lost before a call that connects links on first use: the survi
   // builds its sub-communicators through the store: waits that see no lost
   // rank. Each first use passes a token around the ring first
   // (agree_before_connecting in comm_checks.hpp), so the loss is reported by
-  // the ring's links, not after CCLITE_TIMEOUT (600 s here: the 60 s hang
-  // guard catches a survivor that waits it out).
+  // the ring's links, not at the deadline (600 s here: the 60 s hang guard
+  // catches a survivor that waits it out).
   struct lazy_case {
     net n;
     const char* algo;  // CCLITE_ALGO
