@@ -337,44 +337,49 @@ TEST_CASE("allreduce allocates nothing once set up: tcp, every algorithm") { run
 // ring rank waits in 2 ms slices (primitives::stall), and an expired slice
 // must not build the timeout message the call's real deadline would get.
 // Rank 2 sleeps 15 ms before each counted call; ranks 0 and 1 wait for it.
-TEST_CASE("waiting for a late rank allocates nothing (3 ranks, ring, 2 ms wait slices)") {
-  test::temp_dir dir;
-  auto r = test::run_ranks(
-      3,
-      [&](int rank, int size) {
-        {
-          void* warm[4];
-          (void)::backtrace(warm, 4);
-        }
-        auto kv = test::open_dir_store(dir.path);
-        auto c = test::make_comm(*kv, rank, size);
-        std::vector<float> v(16384, 1.0f);
-        for (int i = 0; i < 3; ++i) MP_REQUIRE_OK(c->allreduce(v.data(), v.size()));
-        long total = 0;
-        for (int i = 0; i < 8; ++i) {
-          if (rank == 2) ::usleep(15000);
-          g_count.store(0);
-          g_armed.store(true);
-          status st = c->allreduce(v.data(), v.size());
-          g_armed.store(false);
-          MP_REQUIRE_OK(st);
-          total += g_count.load();
-          if (g_count.load() && g_have_trace.load()) {
-            std::fprintf(stderr, "rank %d: heap allocation while waiting, the first %s(%zu), from:\n", rank,
-                         g_trace_kind, g_trace_bytes);
-            ::backtrace_symbols_fd(g_trace, g_trace_depth, 2);
+// Run again with the flight recorder on (CCLITE_TRACE_BUFFER=4: its ring
+// wraps), whose records must not allocate either.
+TEST_CASE("waiting for a late rank allocates nothing (3 ranks, ring, 2 ms wait slices), flight recorder off and on") {
+  for (const char* trace : {"0", "4"}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        3,
+        [&](int rank, int size) {
+          {
+            void* warm[4];
+            (void)::backtrace(warm, 4);
           }
-        }
-        MP_CHECK(total == 0);
-        MP_REQUIRE_OK(c->barrier());  // no link closes while a peer is in a counted call
-        return 0;
-      },
-      std::chrono::seconds(60), [&](int rank) {
-        test::set_net_env(net::shm_only, rank, 3);
-        ::setenv("CCLITE_ALGO", "allreduce:ring", 1);
-      });
-  INFO(r.describe());
-  CHECK(r.all_ok());
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, size);
+          std::vector<float> v(16384, 1.0f);
+          for (int i = 0; i < 3; ++i) MP_REQUIRE_OK(c->allreduce(v.data(), v.size()));
+          long total = 0;
+          for (int i = 0; i < 8; ++i) {
+            if (rank == 2) ::usleep(15000);
+            g_count.store(0);
+            g_armed.store(true);
+            status st = c->allreduce(v.data(), v.size());
+            g_armed.store(false);
+            MP_REQUIRE_OK(st);
+            total += g_count.load();
+            if (g_count.load() && g_have_trace.load()) {
+              std::fprintf(stderr, "rank %d: heap allocation while waiting, the first %s(%zu), from:\n", rank,
+                           g_trace_kind, g_trace_bytes);
+              ::backtrace_symbols_fd(g_trace, g_trace_depth, 2);
+            }
+          }
+          MP_CHECK(total == 0);
+          MP_REQUIRE_OK(c->barrier());  // no link closes while a peer is in a counted call
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(net::shm_only, rank, 3);
+          ::setenv("CCLITE_ALGO", "allreduce:ring", 1);
+          ::setenv("CCLITE_TRACE_BUFFER", trace, 1);
+        });
+    INFO("CCLITE_TRACE_BUFFER=", trace, ": ", r.describe());
+    CHECK(r.all_ok());
+  }
 }
 
 TEST_CASE("the allocation counter sees operator new and malloc") {

@@ -21,6 +21,7 @@
 #include <cclite/algorithm/ring_gather.hpp>
 #include <cclite/collective/call_log.hpp>
 #include <cclite/collective/comm_shared.hpp>
+#include <cclite/collective/flight_recorder.hpp>
 #include <cclite/collective/hier_allreduce.hpp>
 #include <cclite/collective/op.hpp>
 #include <cclite/collective/work_queue.hpp>
@@ -51,6 +52,15 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
 
   status execute(const op_desc& d) override {
     const std::uint64_t seq = ++seq_;
+    const bool traced = trace_.on(), was_usable = broken_.ok();
+    const std::size_t slot = CCLITE_UNLIKELY(traced) ? trace_.begin(d, seq) : 0;
+    status st = run_call(d, seq);
+    if (CCLITE_UNLIKELY(traced)) traced_call_ended(slot, seq, st, was_usable);
+    return st;
+  }
+
+  // One call, `seq`-th on this communicator.
+  status run_call(const op_desc& d, std::uint64_t seq) {
     if (aborted_.load()) {
       if (broken_.code() != errc::aborted) {
         broken_ = make_error(errc::aborted, "communicator aborted (rank %d)", rank_);
@@ -318,7 +328,21 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   }
 
 
+CCLITE_SETUP_CODE_BEGIN
+  // The flight recorder's end of call `seq`; if it made this communicator
+  // unusable, the recorder's file, for cclite-trace (flight_recorder.hpp),
+  // with every live communicator of the process in it.
+  CCLITE_NOINLINE void traced_call_ended(std::size_t slot, std::uint64_t seq, const status& st, bool was_usable) {
+    trace_.end(slot, seq, st);
+    if (!was_usable || broken_.ok()) return;
+    auto path = dump_traces(broken_.to_string());
+    if (path) CCLITE_WARN(log_, "flight recorder: last calls written to %s (read with cclite-trace)", path.value().c_str());
+    else CCLITE_WARN(log_, "%s", path.error().to_string().c_str());
+  }
+CCLITE_SETUP_CODE_END
+
   hier_allreduce<Comm> hier_;
+  flight_recorder trace_;  // on when CCLITE_TRACE_BUFFER > 0 (communicator::finish_init)
   std::uint64_t seq_ = 0;  // calls executed, for error messages
   bool nested_ = false;  // a hierarchical child: runs inside the parent's calls
   status broken_;  // the error that made this communicator unusable

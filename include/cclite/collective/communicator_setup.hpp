@@ -104,6 +104,11 @@ inline status communicator<Transports...>::finish_init() {
     return make_error(errc::invalid_argument, "CCLITE_SHM_SMALL_MAX=%lld is out of range (0 .. %zu bytes; 0 turns "
                       "shm-direct's small path off)", static_cast<long long>(small.value()), small_direct_max);
   select_.set_direct(has_direct, direct_bytes_, static_cast<std::size_t>(small.value()));
+  auto kept = detail::trace_capacity();
+  if (!kept) return kept.error();
+  std::string name = prefix_;
+  if (!name.empty() && name.back() == '/') name.pop_back();
+  this->trace_.enable(kept.value(), std::move(name), this->comm_id_, rank_, size_);
   return {};
 }
 

@@ -1,0 +1,291 @@
+// The flight recorder (include/cclite/collective/flight_recorder.hpp) and its
+// reader, cclite-trace (tools/cclite_trace.cpp): real ranks (forked
+// processes) hang or disagree, each failing process writes its file, and the
+// real cclite-trace binary reads them and must name what happened: the rank
+// that never came (no file), a rank waiting in another communicator's call
+// (cross-communicator deadlock), the collective the ranks called differently.
+#include <cclite/cclite.hpp>
+
+#include <doctest/doctest.h>
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/comm.hpp"
+#include "support/mp.hpp"
+
+using namespace cclite;
+using cclite::test::net;
+
+namespace {
+
+// The communicators' deadline: set-up must fit in it (slower under a
+// sanitizer), and each hang below lasts it. A rank that stays away sleeps
+// twice as long, so the others time out rather than see it exit.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr milliseconds deadline_ms{15000};
+#else
+constexpr milliseconds deadline_ms{2500};
+#endif
+void stay_away() { std::this_thread::sleep_for(2 * deadline_ms); }
+
+bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+
+// The flight recorder files ("t.<host>.<pid>") in `dir`.
+std::vector<std::string> trace_files(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind("t.", 0) == 0 && name.find(".tmp") == std::string::npos) out.push_back(dir + "/" + name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs build/bin/cclite-trace on `files`; its stdout, and its exit status in `rc`.
+std::string run_cclite_trace(const std::vector<std::string>& files, int& rc) {
+  const char* bin = std::getenv("CCLITE_BIN_DIR");
+  std::string cmd = std::string(bin && *bin ? bin : "bin") + "/cclite-trace";
+  for (const auto& f : files) cmd += " '" + f + "'";
+  cmd += " 2>&1";
+  std::string out;
+  rc = -1;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    rc = ::pclose(p);
+  }
+  return out;
+}
+
+// cclite-trace's report on the files in `dir`, of which there must be `expect`.
+std::string trace_report(const std::string& dir, std::size_t expect) {
+  const auto files = trace_files(dir);
+  REQUIRE(files.size() == expect);
+  int rc = 0;
+  std::string rep = run_cclite_trace(files, rc);
+  INFO(rep);
+  CHECK(rc == 0);
+  return rep;
+}
+
+// `size` ranks over `n` with the recorder on (CCLITE_TRACE_BUFFER=`kept`),
+// files in `dir`, deadline_ms deadlines; `body` gets the rank's communicator.
+test::run_result run_traced(int size, net n, const std::string& dir, const char* kept,
+                            const std::function<int(int, store&, default_communicator&)>& body) {
+  return test::run_ranks(
+      size,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir + "/store");
+        comm_options o;
+        o.timeout = deadline_ms;
+        auto c = test::make_comm(*kv, rank, sz, o);
+        return body(rank, *kv, *c);
+      },
+      std::chrono::seconds(120), [&](int rank) {
+        test::set_net_env(n, rank, size);
+        if (kept) ::setenv("CCLITE_TRACE_BUFFER", kept, 1);
+        else ::unsetenv("CCLITE_TRACE_BUFFER");
+        ::setenv("CCLITE_TRACE_FILE", (dir + "/t.").c_str(), 1);
+      });
+}
+
+int some_calls(default_communicator& c, int allreduces) {
+  std::vector<float> v(1000, 1.0f);
+  for (int i = 0; i < allreduces; ++i) MP_REQUIRE(c.allreduce(v.data(), v.size()).ok());
+  MP_REQUIRE(c.broadcast(v.data(), v.size(), 0).ok());
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that never comes: the others' files name the call, cclite-trace names the rank") {
+  for (net n : {net::shm_only, net::tcp_only, net::mixed}) {
+    test::temp_dir dir;
+    auto r = run_traced(4, n, dir.path, "64", [](int rank, store&, default_communicator& c) {
+      if (some_calls(c, 3) != 0) return 1;
+      if (rank == 3) {  // alive, but never calls allreduce #5
+        stay_away();
+        return 0;
+      }
+      std::vector<float> v(4096, 1.0f);
+      status st = c.allreduce(v.data(), v.size());
+      MP_CHECK(st.code() == errc::timeout);
+      return 0;
+    });
+    INFO(test::to_string(n), ": ", r.describe());
+    CHECK(r.all_ok());
+    const auto files = trace_files(dir.path);
+    REQUIRE(files.size() == 3);  // ranks 0-2 failed; rank 3 did not
+    const std::string one = slurp(files[0]);
+    CHECK(has(one, "cclite-trace 1\nprocess host="));
+    CHECK(has(one, " size=4 calls=5 kept=5\n"));
+    CHECK(has(one, "call seq=4 coll=4 kind=broadcast count=1000 dtype=float"));
+    CHECK(has(one, "call seq=5 coll=5 kind=allreduce count=4096 dtype=float op=sum"));
+    CHECK(has(one, "state=failed code=timeout\n"));
+    const std::string rep = trace_report(dir.path, 3);
+    INFO(rep);
+    CHECK(has(rep, "3 flight recorder files"));
+    CHECK(has(rep, "(id "));
+    CHECK(has(rep, "4 ranks): files from ranks 0-2; none from rank 3"));
+    CHECK(has(rep, "furthest call: allreduce #5 (4096 x float, sum): ranks 0-2 failed (timeout)"));
+    CHECK(has(rep, "rank 3: no file"));
+    CHECK(!has(rep, "MISMATCH"));
+  }
+}
+
+TEST_CASE("a rank waiting in another communicator's call: cclite-trace says where each side was") {
+  for (net n : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = run_traced(3, n, dir.path, "64", [](int rank, store&, default_communicator& a) {
+      auto b = a.dup();
+      MP_REQUIRE_OK(b);
+      if (some_calls(a, 1) != 0 || some_calls(*b.value(), 2) != 0) return 1;
+      std::vector<float> v(256, 1.0f);
+      // Ranks 0 and 1 go on in a, rank 2 in b: each side waits for the other.
+      status st = rank == 2 ? b.value()->allreduce(v.data(), v.size()) : a.allreduce(v.data(), v.size());
+      MP_CHECK(st.code() == errc::timeout);
+      // Stay until the other side timed out too (an exit would close links:
+      // peer_lost); both sides started waiting at about the same moment.
+      std::this_thread::sleep_for(deadline_ms / 2);
+      return 0;
+    });
+    INFO(test::to_string(n), ": ", r.describe());
+    CHECK(r.all_ok());
+    const std::string rep = trace_report(dir.path, 3);
+    INFO(rep);
+    // a: ranks 0, 1 in its collective #3; rank 2 never started it, being in b's #4
+    CHECK(has(rep, "furthest call: allreduce #3 (256 x float, sum): ranks 0,1 failed (timeout)"));
+    CHECK(has(rep, "rank 2 never started collective #3; its last was broadcast #2 (1000 x float, root 0), done in"));
+    CHECK(has(rep, "meanwhile it was in allreduce #4 (256 x float, sum) of communicator "));
+    // b: the mirror image
+    CHECK(has(rep, "furthest call: allreduce #4 (256 x float, sum): rank 2 failed (timeout)"));
+    CHECK(has(rep, "rank 0 never started collective #4; its last was broadcast #3 (1000 x float, root 0), done in"));
+    CHECK(has(rep, "meanwhile it was in allreduce #3 (256 x float, sum) of communicator "));
+    CHECK(!has(rep, "no file"));
+  }
+}
+
+TEST_CASE("ranks calling different collectives: every rank's file, and cclite-trace shows the mismatch") {
+  test::temp_dir dir;
+  auto r = run_traced(3, net::shm_only, dir.path, "64", [](int rank, store&, default_communicator& c) {
+    if (some_calls(c, 2) != 0) return 1;
+    std::vector<float> v(512, 1.0f);
+    status st = rank == 1 ? c.broadcast(v.data(), v.size(), 0) : c.allreduce(v.data(), v.size());
+    MP_CHECK(st.code() == errc::mismatch);
+    return 0;
+  });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+  const std::string rep = trace_report(dir.path, 3);
+  INFO(rep);
+  CHECK(has(rep, "MISMATCH: collective #4 was called differently: ranks 0,2: allreduce (512 x float, sum); "
+                 "rank 1: broadcast (512 x float, root 0)"));
+  CHECK(has(rep, "failed (mismatch)"));
+}
+
+TEST_CASE("the recorder keeps the last N calls, is off by default, and refuses a bad CCLITE_TRACE_BUFFER") {
+  SUBCASE("a small buffer keeps the newest calls") {
+    test::temp_dir dir;
+    auto r = run_traced(2, net::shm_only, dir.path, "4", [](int rank, store&, default_communicator& c) {
+      if (some_calls(c, 9) != 0) return 1;  // calls 1-10
+      if (rank == 1) {
+        stay_away();
+        return 0;
+      }
+      std::vector<float> v(8, 1.0f);
+      MP_CHECK(c.allreduce(v.data(), v.size()).code() == errc::timeout);  // call 11
+      return 0;
+    });
+    INFO(r.describe());
+    CHECK(r.all_ok());
+    const auto files = trace_files(dir.path);
+    REQUIRE(files.size() == 1);
+    const std::string t = slurp(files[0]);
+    CHECK(has(t, " rank=0 size=2 calls=11 kept=4\n"));
+    CHECK(!has(t, "call seq=7 "));
+    CHECK(has(t, "call seq=8 coll=8 kind=allreduce"));
+    CHECK(has(t, "call seq=10 coll=10 kind=broadcast"));
+    CHECK(has(t, "call seq=11 coll=11 kind=allreduce count=8 "));
+  }
+  SUBCASE("off unless CCLITE_TRACE_BUFFER is set: no file") {
+    test::temp_dir dir;
+    auto r = run_traced(2, net::shm_only, dir.path, nullptr, [](int rank, store&, default_communicator& c) {
+      if (rank == 1) {
+        stay_away();
+        return 0;
+      }
+      std::vector<float> v(8, 1.0f);
+      MP_CHECK(c.allreduce(v.data(), v.size()).code() == errc::timeout);
+      return 0;
+    });
+    INFO(r.describe());
+    CHECK(r.all_ok());
+    CHECK(trace_files(dir.path).empty());
+  }
+  SUBCASE("a bad value fails create() and names the variable") {
+    test::temp_dir dir;
+    auto r = test::run_ranks(1, [&](int, int) {
+      ::setenv("CCLITE_TRACE_BUFFER", "-5", 1);
+      auto kv = test::open_dir_store(dir.path);
+      auto c = default_communicator::create(*kv, 0, 1);
+      MP_CHECK(!c && c.error().code() == errc::invalid_argument);
+      MP_CHECK(!c && has(c.error().message(), "CCLITE_TRACE_BUFFER=-5"));
+      return 0;
+    });
+    CHECK(r.all_ok());
+  }
+}
+
+TEST_CASE("dump_traces() on demand: every live communicator of the process, point-to-point calls included") {
+  test::temp_dir dir;
+  auto r = run_traced(2, net::tcp_only, dir.path, "16", [&](int rank, store&, default_communicator& c) {
+    auto half = c.split(0, rank);  // a second communicator of the same ranks
+    MP_REQUIRE_OK(half);
+    int x = rank;
+    MP_REQUIRE(rank == 0 ? c.send(&x, 1, dtype::int32, 1).ok() : c.recv(&x, 1, dtype::int32, 0).ok());
+    MP_REQUIRE(half.value()->allreduce(&x, 1).ok());
+    auto path = dump_traces("asked for by the test");
+    MP_REQUIRE_OK(path);
+    const std::string t = slurp(path.value());
+    MP_CHECK(has(t, "reason=asked for by the test\n"));
+    MP_CHECK(has(t, "name=cclite/0 rank=" + std::to_string(rank) + " size=2 calls=2"));  // split's allgather, the send or recv
+    MP_CHECK(has(t, "name=cclite/0/split1/0 rank=" + std::to_string(rank) + " size=2 calls=1"));
+    MP_CHECK(has(t, rank == 0 ? "kind=send count=1 dtype=int32" : "kind=recv count=1 dtype=int32"));
+    MP_CHECK(has(t, " coll=0 kind=" + std::string(rank == 0 ? "send" : "recv")));  // not a collective
+    MP_CHECK(has(t, "state=done code=ok"));
+    MP_CHECK(!has(t, "state=failed"));
+    return 0;
+  });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+  const std::string rep = trace_report(dir.path, 2);
+  INFO(rep);
+  CHECK(has(rep, "every rank finished collective #1"));
+  CHECK(!has(rep, "never started"));
+  // A file that is not the recorder's is refused with its name.
+  std::ofstream(dir.path + "/t.bogus") << "hello\n";
+  int rc = 0;
+  const std::string bad = run_cclite_trace({dir.path + "/t.bogus"}, rc);
+  CHECK(rc != 0);
+  CHECK(has(bad, "t.bogus:1: not a cclite flight recorder file"));
+}
