@@ -204,3 +204,32 @@ TEST_CASE("srun's variables, no endpoint: ranks meet on the step's first node at
                       " chosen for srun: the first node of SLURM_STEP_NODELIST='localhost'") != std::string::npos);
   CHECK(out.text.find("export MASTER_PORT or CCLITE_RDZV_ENDPOINT=host:port before srun]") != std::string::npos);
 }
+
+TEST_CASE("flight recorder under cclite-run: files in the run's log directory, the hint, cclite-trace reads them") {
+  char tmpl[] = "/tmp/cclite-e2e-trace-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string logs = tmpl;
+  // Rank 0 aborts its first allreduce; the others fail in it. Whichever
+  // worker fails first makes cclite-run stop the rest, so at least one file.
+  run_out r = sh("env -u CCLITE_TRACE_FILE CCLITE_TRACE_BUFFER=64 CCLITE_TIMEOUT=20 " + bin_dir() +
+                 "/cclite-run --timeout 120 --nproc-per-node 3 --log-dir " + logs + " --tee 3 " + bin_dir() +
+                 "/collectives_check --abort-rank0");
+  INFO(r.text);
+  CHECK(r.rc != 0);
+  const std::string hint = "cclite-run: flight recorder: the workers that failed in a collective wrote " + logs + "/";
+  REQUIRE(r.text.find(hint) != std::string::npos);
+  // The run's directory and the prefix, as the hint names them.
+  const auto at = r.text.find(hint) + hint.size();
+  const std::string prefix = logs + "/" + r.text.substr(at, r.text.find("<host>", at) - at);
+  CHECK(prefix.find("/trace.") != std::string::npos);
+  run_out files = sh("ls " + prefix + "*");
+  INFO(files.text);
+  REQUIRE(files.rc == 0);
+  run_out rep = sh(bin_dir() + "/cclite-trace " + prefix + "*");
+  INFO(rep.text);
+  CHECK(rep.rc == 0);
+  CHECK(rep.text.find("communicator cclite/0 (id ") != std::string::npos);
+  CHECK(rep.text.find("furthest call: allreduce #1 (") != std::string::npos);
+  CHECK((rep.text.find("failed (aborted)") != std::string::npos || rep.text.find("failed (peer_lost)") != std::string::npos));
+  sh("rm -rf " + logs);
+}

@@ -136,6 +136,19 @@ inline std::string choose_free_port(rendezvous& r) {
 
 using env_list = std::vector<std::pair<std::string, std::string>>;
 
+/// Where the workers' flight recorder files go (CCLITE_TRACE_FILE's prefix,
+/// include/cclite/collective/flight_recorder.hpp), or "" when the recorder is
+/// off (CCLITE_TRACE_BUFFER unset or 0). The user's CCLITE_TRACE_FILE wins;
+/// else this run's log directory when there is one (--log-dir with
+/// --redirects / --tee), else the library's default.
+inline std::string trace_prefix(const options& o) {
+  const char* kept = std::getenv("CCLITE_TRACE_BUFFER");
+  if (!kept || !*kept || std::strtol(kept, nullptr, 10) <= 0) return {};
+  const char* user = std::getenv("CCLITE_TRACE_FILE");
+  if (user && *user) return user;
+  return o.log_run_dir.empty() ? "/tmp/cclite-trace." : o.log_run_dir + "/trace.";
+}
+
 /// The variables that place worker `local_rank` in the job (torchrun's set plus
 /// cclite's CCLITE_RDZV_*).
 inline env_list worker_variables(const options& o, const rendezvous& r, int local_rank) {
@@ -163,6 +176,7 @@ inline env_list worker_variables(const options& o, const rendezvous& r, int loca
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
   if (!user_token || !*user_token) vars.push_back({"CCLITE_RDZV_TOKEN", derived_token(o.rdzv_id)});
+  if (const std::string trace = trace_prefix(o); !trace.empty()) vars.push_back({"CCLITE_TRACE_FILE", trace});
   return vars;
 }
 

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "agent.hpp"
+#include "job.hpp"
 #include "node_watch.hpp"
 #include "options.hpp"
 #include "output_relay.hpp"
@@ -87,7 +88,19 @@ class stop_policy : protected output_relay {
       msg += "; stopping the other " + plural(others, "worker") + (peers_ ? " here" : "");
     if (peers_) msg += "; the job stops on every node";
     say(msg);
+    hint_traces();
     stop(SIGTERM, t_.failure_grace);
+  }
+
+  // With the flight recorder on, where its files are and what reads them
+  // (once per run): each worker whose communicator failed wrote one.
+  void hint_traces() {
+    if (traces_hinted_) return;
+    traces_hinted_ = true;
+    const std::string prefix = trace_prefix(opts_);
+    if (prefix.empty()) return;
+    say("flight recorder: the workers that failed in a collective wrote " + prefix + "<host>.<pid>; read them with: " +
+        "cclite-trace " + prefix + "*" + (peers_ ? " (every node's files; a shared CCLITE_TRACE_FILE collects them)" : ""));
   }
 
   /// Another node failed or was lost (or the rendezvous store went away).
@@ -98,6 +111,7 @@ class stop_policy : protected output_relay {
     rescale_ = e.rescale;
     int n = running_count();
     say(e.message + (n > 0 ? "; stopping the " + plural(n, "worker") + " on this node" : ""));
+    if (!e.rescale) hint_traces();
     stop(SIGTERM, t_.failure_grace);
   }
 
@@ -166,6 +180,7 @@ class stop_policy : protected output_relay {
   bool restartable_ = false;
   bool rescale_ = false;
   bool stopping_ = false;
+  bool traces_hinted_ = false;  // hint_traces() said it
   int stop_signal_ = SIGTERM;
   std::chrono::milliseconds stop_grace_{0};
   std::optional<clock::time_point> job_deadline_;  ///< --timeout
