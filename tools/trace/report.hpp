@@ -172,13 +172,15 @@ inline std::string report(const std::vector<process_dump>& dumps) {
       lo = std::max(lo, a);
       hi = std::min(hi, b);
     }
-    for (std::uint64_t k = lo; ms.size() > 1 && k <= hi && hi != UINT64_MAX; ++k) {
-      std::map<std::string, std::vector<int>> variants;
-      for (const member& m : ms)
-        if (const call* c = find_coll(*m.sec, k)) variants[c->kind + arguments(*c)].push_back(m.sec->rank);
-      if (variants.size() < 2) continue;
-      out += "  MISMATCH: collective #" + std::to_string(k) + " was called differently:";
-      for (const auto& v : variants) out += " " + plural_ranks(v.second) + ": " + v.first + ";";
+    // (Over the numbers the files hold, not the range: a file may say anything.)
+    std::map<std::uint64_t, std::map<std::string, std::vector<int>>> calls_at;  // coll -> call -> ranks
+    for (const member& m : ms)
+      for (const call& c : m.sec->kept)
+        if (!point_to_point(c) && c.coll >= lo && c.coll <= hi) calls_at[c.coll][c.kind + arguments(c)].push_back(m.sec->rank);
+    for (const auto& k : calls_at) {
+      if (k.second.size() < 2) continue;
+      out += "  MISMATCH: collective #" + std::to_string(k.first) + " was called differently:";
+      for (const auto& v : k.second) out += " " + plural_ranks(v.second) + ": " + v.first + ";";
       out.back() = '\n';
       break;
     }
@@ -200,6 +202,7 @@ inline std::string report(const std::vector<process_dump>& dumps) {
         if (!shown) shown = c;
         std::string o = c->state == "done" ? "done" : c->state == "running" ? "still running at the dump"
                                                                             : "failed (" + c->code + ")";
+        if (describe(*c) != describe(*shown)) o += " in " + describe(*c);  // a mismatch: say what they called
         at[o].push_back(m.sec->rank);
       }
       out += "  furthest call: " + describe(*shown) + ":";

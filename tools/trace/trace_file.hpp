@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <istream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -70,14 +70,10 @@ inline bool to_i64(const std::map<std::string, std::string>& f, const char* key,
 
 }  // namespace detail
 
-/// Reads `path`; false with `err` set when it is not a flight recorder file
-/// or a record is malformed (the line number says where).
-inline bool read_dump(const std::string& path, process_dump& out, std::string& err) {
-  std::ifstream in(path);
-  if (!in) {
-    err = path + ": cannot open";
-    return false;
-  }
+/// Parses a file's text from `in` (`path` names it in errors); false with
+/// `err` set when it is not a flight recorder file or a record is malformed
+/// (the line number says where).
+inline bool parse_dump(std::istream& in, const std::string& path, process_dump& out, std::string& err) {
   out = process_dump{};
   out.path = path;
   std::string line;
@@ -108,7 +104,10 @@ inline bool read_dump(const std::string& path, process_dump& out, std::string& e
       c.name = f["name"];
       if (!detail::to_i64(f, "rank", v)) return bad("comm record without rank");
       c.rank = static_cast<int>(v);
-      if (!detail::to_i64(f, "size", v) || v < 1 || c.rank < 0 || c.rank >= v) return bad("comm record: bad rank or size");
+      // At most 2^20 ranks: the report lists ranks without a file one by one.
+      if (!detail::to_i64(f, "size", v) || v < 1 || v > (1 << 20) || c.rank < 0 || c.rank >= v) {
+        return bad("comm record: bad rank or size");
+      }
       c.size = static_cast<int>(v);
       if (detail::to_i64(f, "calls", v)) c.calls = static_cast<std::uint64_t>(v);
       out.comms.push_back(std::move(c));
@@ -147,6 +146,16 @@ inline bool read_dump(const std::string& path, process_dump& out, std::string& e
     return false;
   }
   return true;
+}
+
+/// Reads the file `path` (parse_dump).
+inline bool read_dump(const std::string& path, process_dump& out, std::string& err) {
+  std::ifstream in(path);
+  if (!in) {
+    err = path + ": cannot open";
+    return false;
+  }
+  return parse_dump(in, path, out, err);
 }
 
 }  // namespace cclite_trace
