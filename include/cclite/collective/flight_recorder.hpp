@@ -14,8 +14,8 @@
 // of another communicator.
 //
 // Off by default (N = 0): then a call costs one predictable branch. On, each
-// call takes an uncontended mutex twice and reads the wall clock twice (~0.1
-// us); the buffer is allocated once (N x 64 bytes), so calls still allocate
+// call takes an uncontended mutex twice and reads the wall clock twice (0.1
+// us here: README, "Flight recorder"); the buffer is allocated once (N x 64 bytes), so calls still allocate
 // nothing. A program can also dump on its own: cclite::dump_traces(reason).
 //
 // File format (text, one record per line, `key=value` fields, stable within a
@@ -23,8 +23,11 @@
 //   cclite-trace 1
 //   process host=node1 pid=4242 dumped_us=<unix us> reason=<rest of the line>
 //   comm id=<hex> name=<store prefix> rank=R size=N calls=<recorded> kept=<in file>
-//   call seq=S coll=C kind=allreduce count=N dtype=float32 op=sum root=R peer2=P
+//   call seq=S coll=C kind=allreduce count=N dtype=float op=sum root=R peer2=P count2=M
 //        start_us=<unix us> end_us=<unix us, 0 while running> state=done|running|failed code=<errc>
+// (the fields of op_desc, whichever the kind uses: root is a rooted call's
+// root or a send's / recv's peer, peer2 and count2 a sendrecv's source and
+// receive count)
 // `seq` is the call's number in error messages ("allreduce #57"); `coll` counts
 // the calls every rank makes (collectives; 0 for send / recv / sendrecv /
 // groups), so ranks are compared by `coll`.
@@ -33,8 +36,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -133,6 +137,8 @@ CCLITE_SETUP_CODE_BEGIN  // set-up and dumps: compiled for size (config.hpp)
       ring_.reset(new trace_entry[capacity]);
       capacity_ = capacity;
       name_ = std::move(name);
+      for (char& c : name_)  // one token of a key=value line (a store prefix may hold anything)
+        if (c == ' ' || c == '\n' || c == '\r' || c == '\t' || c == '=') c = '_';
       id_ = id;
       rank_ = rank;
       size_ = size;
@@ -163,8 +169,11 @@ CCLITE_SETUP_CODE_BEGIN  // set-up and dumps: compiled for size (config.hpp)
     std::lock_guard<std::mutex> g(m_);
     const std::uint64_t kept = std::min<std::uint64_t>(recorded_, capacity_);
     char line[512];
-    std::snprintf(line, sizeof line, "comm id=%06x name=%s rank=%d size=%d calls=%" PRIu64 " kept=%" PRIu64 "\n",
-                  static_cast<unsigned>(id_), name_.c_str(), rank_, size_, recorded_, kept);
+    std::snprintf(line, sizeof line, "comm id=%06x name=", static_cast<unsigned>(id_));
+    out += line;
+    out += name_;  // any length
+    std::snprintf(line, sizeof line, " rank=%d size=%d calls=%" PRIu64 " kept=%" PRIu64 "\n", rank_, size_,
+                  recorded_, kept);
     out += line;
     for (std::uint64_t i = recorded_ - kept; i < recorded_; ++i) {
       const trace_entry& e = ring_[static_cast<std::size_t>(i % capacity_)];
@@ -238,7 +247,8 @@ inline result<std::string> dump_traces(const std::string& reason) {
     if (*c == '/') *c = '_';
   const std::string path = env::get_string("TRACE_FILE", "/tmp/cclite-trace.", false) + host + "." +
                            std::to_string(::getpid());
-  const std::string tmp = path + ".tmp";
+  static std::atomic<unsigned> dumps{0};  // two communicators may fail at once
+  const std::string tmp = path + ".tmp" + std::to_string(dumps.fetch_add(1));
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return make_error(errc::system_error, "flight recorder: cannot write %s (CCLITE_TRACE_FILE): %s", tmp.c_str(),
                             std::strerror(errno));
