@@ -235,8 +235,8 @@ inline std::string trace_text(const std::string& reason) {
 }
 
 /// Writes trace_text(reason) to CCLITE_TRACE_FILE<host>.<pid> (default prefix
-/// /tmp/cclite-trace.), through a temporary file and a rename, so a reader
-/// never sees half a dump; a later dump replaces the earlier one. Returns the
+/// /tmp/cclite-trace.), through a hidden temporary file and a rename, so a
+/// reader never sees half a dump; a later dump replaces the earlier one. Returns the
 /// path. Communicators call it when one of their calls fails for good; a
 /// program may call it itself (e.g. from its own watchdog thread).
 inline result<std::string> dump_traces(const std::string& reason) {
@@ -247,8 +247,14 @@ inline result<std::string> dump_traces(const std::string& reason) {
     if (*c == '/') *c = '_';
   const std::string path = env::get_string("TRACE_FILE", "/tmp/cclite-trace.", false) + host + "." +
                            std::to_string(::getpid());
-  static std::atomic<unsigned> dumps{0};  // two communicators may fail at once
-  const std::string tmp = path + ".tmp" + std::to_string(dumps.fetch_add(1));
+  // The temporary file is hidden (".<name>.tmpN" beside it), so that a writer
+  // killed mid-dump (cclite-run stops the other workers at once) leaves
+  // nothing a `<prefix>*` glob hands to cclite-trace; N: two communicators
+  // may fail at once.
+  static std::atomic<unsigned> dumps{0};
+  const std::size_t slash = path.rfind('/');
+  const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+  const std::string tmp = path.substr(0, base) + "." + path.substr(base) + ".tmp" + std::to_string(dumps.fetch_add(1));
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return make_error(errc::system_error, "flight recorder: cannot write %s (CCLITE_TRACE_FILE): %s", tmp.c_str(),
                             std::strerror(errno));
