@@ -219,7 +219,7 @@ std::string describe(const call& c, const char* algo, net n) {
   char buf[200];
   std::snprintf(buf, sizeof buf, "allreduce of %zu x %s (%zu bytes), %s, %s, CCLITE_ALGO=%s, over %s", c.count,
                 to_string(c.type), c.count * size_of(c.type), to_string(c.op), c.in_place ? "in place" : "out of place",
-                *algo ? algo : "(automatic)", test::to_string(n));
+                *algo ? algo : "(automatic)", test::to_string(n).c_str());
   return buf;
 }
 

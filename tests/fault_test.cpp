@@ -428,7 +428,7 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
           test::set_net_env(n, rank, 4);
           ::setenv("CCLITE_TIMEOUT", "60", 1);  // loss must be reported well before this
         });
-    INFO(test::to_string(n), ": ", r.describe());
+    INFO("net ", test::to_string(n), ": ", r.describe());
     CHECK(r.exit_codes[0] == 0);
     CHECK(r.exit_codes[1] == 0);
     CHECK(r.exit_codes[2] == -SIGKILL);
@@ -529,7 +529,7 @@ TEST_CASE("timeout: a rank that never calls is named on every rank that waited")
           return 0;
         },
         std::chrono::seconds(60), [&](int rank) { test::set_net_env(n, rank, 3); });
-    INFO(test::to_string(n), ": ", r.describe());
+    INFO("net ", test::to_string(n), ": ", r.describe());
     CHECK(r.all_ok());
   }
 }

@@ -29,6 +29,6 @@ case $san in
 esac
 cmake -S "$root" -B "$bin" -DCCLITE_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g" -DCCLITE_SANITIZE_TESTS=OFF \
-  -DCCLITE_EMBEDDED_TESTS=OFF -DCCLITE_HEADER_CHECK=OFF >/dev/null
+  -DCCLITE_EMBEDDED_TESTS=OFF -DCCLITE_HEADER_CHECK=OFF -DCCLITE_TEST_TIMEOUT=1800 >/dev/null
 cmake --build "$bin" -j2
-env "${opts[@]}" ctest --test-dir "$bin" --output-on-failure -j2 --timeout 900 -E '^torchrun_launch_torch2$'
+env "${opts[@]}" ctest --test-dir "$bin" --output-on-failure -j2 -E '^torchrun_launch_torch2$'

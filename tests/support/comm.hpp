@@ -14,7 +14,8 @@ namespace cclite::test {
 /// How the ranks of a test reach each other.
 enum class net { shm_only, tcp_only, mixed };
 
-inline const char* to_string(net n) {
+/// (A std::string: doctest's INFO prints a `const char*` as a pointer.)
+inline std::string to_string(net n) {
   return n == net::shm_only ? "shm" : n == net::tcp_only ? "tcp" : "mixed";
 }
 
