@@ -9,8 +9,11 @@
 #include <doctest/doctest.h>
 
 #include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -89,9 +92,11 @@ std::string trace_report(const std::string& dir, std::size_t expect) {
 }
 
 // `size` ranks over `n` with the recorder on (CCLITE_TRACE_BUFFER=`kept`),
-// files in `dir`, deadline_ms deadlines; `body` gets the rank's communicator.
+// files in `dir`, deadline_ms deadlines; `body` gets the rank's communicator;
+// `before` runs in each rank before its communicator is made.
 test::run_result run_traced(int size, net n, const std::string& dir, const char* kept,
-                            const std::function<int(int, store&, default_communicator&)>& body) {
+                            const std::function<int(int, store&, default_communicator&)>& body,
+                            const std::function<void()>& before = {}) {
   return test::run_ranks(
       size,
       [&](int rank, int sz) {
@@ -106,6 +111,7 @@ test::run_result run_traced(int size, net n, const std::string& dir, const char*
         if (kept) ::setenv("CCLITE_TRACE_BUFFER", kept, 1);
         else ::unsetenv("CCLITE_TRACE_BUFFER");
         ::setenv("CCLITE_TRACE_FILE", (dir + "/t.").c_str(), 1);
+        if (before) before();
       });
 }
 
@@ -132,7 +138,7 @@ TEST_CASE("a rank that never comes: the others' files name the call, cclite-trac
       MP_CHECK(st.code() == errc::timeout);
       return 0;
     });
-    INFO(test::to_string(n), ": ", r.describe());
+    INFO("net ", test::to_string(n), ": ", r.describe());
     CHECK(r.all_ok());
     const auto files = trace_files(dir.path);
     REQUIRE(files.size() == 3);  // ranks 0-2 failed; rank 3 did not
@@ -169,7 +175,7 @@ TEST_CASE("a rank waiting in another communicator's call: cclite-trace says wher
       std::this_thread::sleep_for(deadline_ms / 2);
       return 0;
     });
-    INFO(test::to_string(n), ": ", r.describe());
+    INFO("net ", test::to_string(n), ": ", r.describe());
     CHECK(r.all_ok());
     const std::string rep = trace_report(dir.path, 3);
     INFO(rep);
@@ -288,4 +294,166 @@ TEST_CASE("dump_traces() on demand: every live communicator of the process, poin
   const std::string bad = run_cclite_trace({dir.path + "/t.bogus"}, rc);
   CHECK(rc != 0);
   CHECK(has(bad, "t.bogus:1: not a cclite flight recorder file"));
+}
+
+// Dump on request (collective/trace_signal.hpp): SIGUSR1 makes a process write
+// its file and go on.
+
+TEST_CASE("SIGUSR1 during collectives: a file on request, and every call still completes with the right result") {
+  for (net n : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = run_traced(3, n, dir.path, "32", [](int rank, store&, default_communicator& c) {
+      // A thread signals this process every millisecond: the signal lands on
+      // any thread, in the middle of poll(), futex waits, sends and receives.
+      std::atomic<bool> stop{false};
+      std::atomic<int> sent{0};
+      std::thread storm([&] {
+        while (!stop.load()) {
+          ::kill(::getpid(), SIGUSR1);
+          sent.fetch_add(1);
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      });
+      std::vector<float> v(16384);
+      for (int i = 0; i < 150; ++i) {
+        for (std::size_t j = 0; j < v.size(); ++j) v[j] = static_cast<float>(rank + 1) * static_cast<float>(j % 7 + i);
+        status st = c.allreduce(v.data(), v.size());
+        MP_REQUIRE_OK(st);
+        for (std::size_t j = 0; j < v.size(); j += 97) MP_REQUIRE(v[j] == 6.0f * static_cast<float>(j % 7 + i));
+        int x = i * 10 + rank;
+        MP_REQUIRE(c.broadcast(&x, 1, i % 3).ok());
+        MP_REQUIRE(x == i * 10 + i % 3);
+      }
+      stop = true;
+      storm.join();
+      MP_CHECK(sent.load() > 10);
+      // The file of the last request names the calls made so far (the dumper
+      // runs after the signal, so wait for one that has the last call).
+      const std::string path = std::string(std::getenv("CCLITE_TRACE_FILE")) + env::host_name() + "." + std::to_string(::getpid());
+      ::kill(::getpid(), SIGUSR1);
+      std::string t;
+      for (int i = 0; i < 500 && !has(t, "call seq=300 "); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        t = slurp(path);
+      }
+      MP_CHECK(has(t, "reason=SIGUSR1: a dump on request (the process went on)\n"));
+      MP_CHECK(has(t, "calls=300 kept=32\n"));
+      MP_CHECK(has(t, "call seq=300 coll=300 kind=broadcast count=1 dtype=int32"));
+      MP_CHECK(!has(t, "state=failed"));
+      return 0;
+    });
+    INFO("net ", test::to_string(n), ": ", r.describe());
+    CHECK(r.all_ok());
+    CHECK(trace_files(dir.path).size() == 3);
+  }
+}
+
+TEST_CASE("a rank stuck outside cclite: files on request show the others waiting for it, and where it stopped") {
+  test::temp_dir dir;
+  const std::string snap = dir.path + "/snapshot";
+  REQUIRE(::mkdir(snap.c_str(), 0700) == 0);
+  auto r = run_traced(3, net::tcp_only, dir.path, "64", [&](int rank, store& kv, default_communicator& c) {
+    MP_REQUIRE_OK(kv.set("pid/" + std::to_string(rank), std::to_string(::getpid())));
+    if (some_calls(c, 2) != 0) return 1;  // collectives #1-#3
+    std::vector<float> v(777, 1.0f);
+    if (rank != 2) {  // waits in allreduce #4 for rank 2
+      status st = c.allreduce(v.data(), v.size());
+      MP_CHECK(st.code() == errc::timeout);
+      return 0;
+    }
+    // Rank 2 "computes" instead; meanwhile it asks every rank for its file,
+    // itself included, as `kill -USR1` or cclite-run would.
+    std::this_thread::sleep_for(deadline_ms / 5);
+    for (int peer = 0; peer < 3; ++peer) {
+      auto pid = kv.get("pid/" + std::to_string(peer), deadline::after(deadline_ms));
+      MP_REQUIRE_OK(pid);
+      MP_REQUIRE(::kill(std::atoi(pid.value().c_str()), SIGUSR1) == 0);
+    }
+    // Keep the three files as they were then (the others time out later and
+    // write their files again, as failures).
+    std::vector<std::string> files;
+    for (int i = 0; i < 300 && files.size() < 3; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      files = trace_files(dir.path);
+    }
+    MP_REQUIRE(files.size() == 3);
+    for (const std::string& f : files) {
+      const std::string t = slurp(f);
+      MP_REQUIRE(has(t, "reason=SIGUSR1"));
+      std::ofstream(snap + f.substr(f.rfind('/'))) << t;
+    }
+    stay_away();
+    return 0;
+  });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+  const std::string rep = trace_report(snap, 3);
+  INFO(rep);
+  CHECK(has(rep, "3 flight recorder files"));
+  CHECK(has(rep, ": SIGUSR1: a dump on request (the process went on)"));
+  CHECK(has(rep, "furthest call: allreduce #4 (777 x float, sum): ranks 0,1 still running at the dump"));
+  CHECK(has(rep, "rank 2 never started collective #4; its last was broadcast #3 (1000 x float, root 0), done in"));
+  CHECK(!has(rep, "no file"));
+}
+
+TEST_CASE("CCLITE_TRACE_SIGNAL: a program's own handler is kept, 0 installs none, a bad value is refused") {
+  test::temp_dir dir;
+  SUBCASE("the program handles SIGUSR1 itself: its handler stays, no file") {
+    static std::atomic<int> mine{0};
+    auto r = run_traced(2, net::shm_only, dir.path, "8", [](int, store&, default_communicator& c) {
+      auto d = c.dup();  // a second communicator arms again: still the program's handler
+      MP_REQUIRE_OK(d);
+      ::raise(SIGUSR1);
+      MP_CHECK(mine.load() == 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a dumper would have written by now
+      return 0;
+    }, [] {
+      struct sigaction sa {};
+      sa.sa_handler = [](int) { mine.fetch_add(1); };
+      ::sigaction(SIGUSR1, &sa, nullptr);
+    });
+    INFO(r.describe());
+    CHECK(r.all_ok());
+    CHECK(trace_files(dir.path).empty());
+  }
+  SUBCASE("CCLITE_TRACE_SIGNAL=0: SIGUSR1 keeps its default action") {
+    ::setenv("CCLITE_TRACE_SIGNAL", "0", 1);
+    auto r = run_traced(2, net::shm_only, dir.path, "8", [](int, store&, default_communicator&) {
+      struct sigaction old {};
+      ::sigaction(SIGUSR1, nullptr, &old);
+      MP_CHECK(old.sa_handler == SIG_DFL);
+      return 0;
+    });
+    ::unsetenv("CCLITE_TRACE_SIGNAL");
+    CHECK(r.all_ok());
+  }
+  SUBCASE("CCLITE_TRACE_SIGNAL=USR2: SIGUSR2 asks, SIGUSR1 is left alone") {
+    ::setenv("CCLITE_TRACE_SIGNAL", "SIGUSR2", 1);
+    auto r = run_traced(1, net::shm_only, dir.path, "8", [](int, store&, default_communicator&) {
+      struct sigaction old {};
+      ::sigaction(SIGUSR1, nullptr, &old);
+      MP_CHECK(old.sa_handler == SIG_DFL);
+      ::raise(SIGUSR2);
+      const std::string path = std::string(std::getenv("CCLITE_TRACE_FILE")) + env::host_name() + "." +
+                               std::to_string(::getpid());
+      for (int i = 0; i < 300 && slurp(path).empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      MP_CHECK(has(slurp(path), "reason=SIGUSR2: a dump on request"));
+      return 0;
+    });
+    ::unsetenv("CCLITE_TRACE_SIGNAL");
+    CHECK(r.all_ok());
+    CHECK(trace_files(dir.path).size() == 1);
+  }
+  SUBCASE("a bad value fails create() and names the variable") {
+    auto r = test::run_ranks(1, [&](int, int) {
+      ::setenv("CCLITE_TRACE_BUFFER", "8", 1);
+      ::setenv("CCLITE_TRACE_SIGNAL", "HUP", 1);
+      auto kv = test::open_dir_store(dir.path);
+      auto c = default_communicator::create(*kv, 0, 1);
+      MP_CHECK(!c && c.error().code() == errc::invalid_argument);
+      MP_CHECK(!c && has(c.error().message(), "CCLITE_TRACE_SIGNAL='HUP'"));
+      return 0;
+    });
+    CHECK(r.all_ok());
+  }
 }

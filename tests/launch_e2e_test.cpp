@@ -216,7 +216,7 @@ TEST_CASE("flight recorder under cclite-run: files in the run's log directory, t
                  "/collectives_check --abort-rank0");
   INFO(r.text);
   CHECK(r.rc != 0);
-  const std::string hint = "cclite-run: flight recorder: the workers that failed in a collective wrote " + logs + "/";
+  const std::string hint = "cclite-run: flight recorder: the workers that failed in a collective, or were asked for their files, wrote " + logs + "/";
   REQUIRE(r.text.find(hint) != std::string::npos);
   // The run's directory and the prefix, as the hint names them.
   const auto at = r.text.find(hint) + hint.size();
@@ -232,4 +232,32 @@ TEST_CASE("flight recorder under cclite-run: files in the run's log directory, t
   CHECK(rep.text.find("furthest call: allreduce #1 (") != std::string::npos);
   CHECK((rep.text.find("failed (aborted)") != std::string::npos || rep.text.find("failed (peer_lost)") != std::string::npos));
   sh("rm -rf " + logs);
+}
+
+TEST_CASE("flight recorder under cclite-run: the workers still running are asked for their files before the stop") {
+  char tmpl[] = "/tmp/cclite-e2e-trace-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string dir = tmpl;
+  // Rank 2 exits with status 2 outside cclite; rank 1 is in its own code,
+  // rank 0 waits for it in allreduce #2. Neither failed in a collective:
+  // only cclite-run's request (SIGUSR1) makes them write a file.
+  run_out r = sh("CCLITE_TRACE_BUFFER=16 CCLITE_TRACE_FILE=" + dir + "/t. CCLITE_TIMEOUT=60 " + bin_dir() +
+                 "/cclite-run --timeout 120 --nproc-per-node 3 " + bin_dir() + "/collectives_check --stuck-rank1");
+  INFO(r.text);
+  CHECK(r.rc == 2);
+  // (Rank 0 may have seen rank 2 leave and failed by then: then only rank 1 is asked.)
+  CHECK((r.text.find("cclite-run: flight recorder: asked ranks 0, 1 for their files (SIGUSR1); stopping them once "
+                     "written") != std::string::npos ||
+         r.text.find("cclite-run: flight recorder: asked rank 1 for its file (SIGUSR1)") != std::string::npos));
+  CHECK(r.text.find("cclite-trace " + dir + "/t.*") != std::string::npos);  // the hint
+  CHECK(r.text.find("no file from") == std::string::npos);
+  run_out rep = sh(bin_dir() + "/cclite-trace " + dir + "/t.*");
+  INFO(rep.text);
+  CHECK(rep.rc == 0);
+  CHECK(rep.text.find("2 flight recorder files") != std::string::npos);  // ranks 0 and 1; rank 2 left none
+  CHECK(rep.text.find("SIGUSR1: a dump on request") != std::string::npos);
+  CHECK(rep.text.find("rank 1 never started collective #2; its last was allreduce #1 (1000 x float, sum), done in") !=
+        std::string::npos);
+  CHECK(rep.text.find("rank 2: no file") != std::string::npos);
+  sh("rm -rf " + dir);
 }

@@ -11,6 +11,11 @@
 //     failure in the store it hosts) and returns at once, exit 3; the others
 //     call allreduce 0.5 s later and print what it returned, exit 1 (the
 //     store host must stay until they have read the failure: launch_e2e_test).
+//   collectives_check --stuck-rank1
+//     (3 ranks or more) one allreduce; then rank 1 "computes" for 60 s, the
+//     last rank exits with status 2 after 1 s, the others wait in a second
+//     allreduce: a job whose ranks did not fail in cclite (launch_e2e_test:
+//     cclite-run asks them for their flight recorder files).
 //
 // Values are small integers, exact in float, so every check is equality.
 // Prints one line per rank ("collectives_check: rank R of S on HOST: 14 checks
@@ -52,9 +57,10 @@ bool call(const cclite::status& st, int rank, const char* what) {
 int main(int argc, char** argv) {
   std::size_t big = std::size_t(1) << 20;
   long repeat = 0;
-  bool abort_rank0 = false;
+  bool abort_rank0 = false, stuck_rank1 = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--abort-rank0") == 0) abort_rank0 = true;
+    if (std::strcmp(argv[i], "--stuck-rank1") == 0) stuck_rank1 = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::strcmp(argv[i], "--count") == 0) big = std::strtoull(argv[i + 1], nullptr, 10);
@@ -75,6 +81,18 @@ int main(int argc, char** argv) {
     const cclite::status st = c.allreduce(x.data(), x.size());
     std::fprintf(stderr, "collectives_check: rank %d: %s\n", r, st.to_string().c_str());
     return r == 0 ? 3 : st.ok() ? 0 : 1;
+  }
+  if (stuck_rank1) {
+    std::vector<float> x(1000, 1.0f);
+    call(c.allreduce(x.data(), x.size()), r, "allreduce #1");
+    if (r == 1) std::this_thread::sleep_for(std::chrono::seconds(60));
+    if (r == n - 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      return 2;
+    }
+    const cclite::status st = c.allreduce(x.data(), x.size());
+    std::fprintf(stderr, "collectives_check: rank %d: %s\n", r, st.to_string().c_str());
+    return 1;
   }
   using cclite::dtype;
   using cclite::reduce_op;

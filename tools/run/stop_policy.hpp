@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "agent.hpp"
 #include "job.hpp"
@@ -25,6 +26,7 @@
 #include "options.hpp"
 #include "output_relay.hpp"
 #include "posix.hpp"
+#include "trace_request.hpp"
 #include "worker.hpp"
 
 namespace cclite::run {
@@ -35,6 +37,9 @@ struct timings {
   std::chrono::milliseconds kill_wait{10000};     ///< SIGKILL -> give up on the process
   /// After the last exit, for output still in flight (children holding the pipes).
   std::chrono::milliseconds output_drain{1000};
+  /// A failure's SIGTERM waits this long at most for the flight recorder
+  /// files the running workers were asked for (trace_request.hpp).
+  std::chrono::milliseconds trace_wait{3000};
 };
 
 class stop_policy : protected output_relay {
@@ -88,19 +93,65 @@ class stop_policy : protected output_relay {
       msg += "; stopping the other " + plural(others, "worker") + (peers_ ? " here" : "");
     if (peers_) msg += "; the job stops on every node";
     say(msg);
-    hint_traces();
-    stop(SIGTERM, t_.failure_grace);
+    stop_after_traces(t_.failure_grace);
   }
 
   // With the flight recorder on, where its files are and what reads them
-  // (once per run): each worker whose communicator failed wrote one.
+  // (once per run): each worker whose communicator failed wrote one, and
+  // those asked by stop_after_traces().
   void hint_traces() {
     if (traces_hinted_) return;
     traces_hinted_ = true;
     const std::string prefix = trace_prefix(opts_);
     if (prefix.empty()) return;
-    say("flight recorder: the workers that failed in a collective wrote " + prefix + "<host>.<pid>; read them with: " +
-        "cclite-trace " + prefix + "*" + (peers_ ? " (every node's files; a shared CCLITE_TRACE_FILE collects them)" : ""));
+    say("flight recorder: the workers that failed in a collective, or were asked for their files, wrote " + prefix +
+        "<host>.<pid>; read them with: cclite-trace " + prefix + "*" +
+        (peers_ ? " (every node's files; a shared CCLITE_TRACE_FILE collects them)" : ""));
+  }
+
+  /// The stop of a failed or timed-out job. With the flight recorder on, the
+  /// workers still running that catch its signal are first asked for their
+  /// files (trace_request.hpp), and the SIGTERM waits until each wrote one or
+  /// exited, at most t_.trace_wait (check_traces()).
+  void stop_after_traces(std::chrono::milliseconds grace) {
+    const std::string prefix = stopping_ ? std::string() : trace_prefix(opts_);
+    const int sig = prefix.empty() ? 0 : trace_signal_of_env();
+    std::vector<int> ranks;
+    for (const worker& w : workers_) {
+      if (sig == 0 || !w.running || !catches_signal(w.pid, sig)) continue;
+      trace_asked a{w.rank, w.pid, prefix + host_ + "." + std::to_string(w.pid), {}};
+      a.before = stamp_of(a.path);
+      if (::kill(w.pid, sig) != 0) continue;
+      asked_.push_back(a);
+      ranks.push_back(w.rank);
+    }
+    if (asked_.empty()) {
+      hint_traces();
+      stop(SIGTERM, grace);
+      return;
+    }
+    say("flight recorder: asked " + rank_list(ranks) + " for " + (ranks.size() == 1 ? "its file" : "their files") +
+        " (" + signal_name(sig) + "); stopping " + (ranks.size() == 1 ? "it" : "them") + " once written (at most " +
+        seconds(t_.trace_wait) + ")");
+    stopping_ = true;  // exits from here on are effects of the stop
+    traces_until_ = clock::now() + t_.trace_wait;
+    traces_grace_ = grace;
+    hint_traces();
+  }
+
+  /// While waiting for asked files: the SIGTERM once every asked worker that
+  /// is still running has written its file, or when the wait is over.
+  void check_traces() {
+    if (!traces_until_) return;
+    std::vector<int> missing;
+    for (const trace_asked& a : asked_) {
+      bool running = false;
+      for (const worker& w : workers_) running = running || (w.pid == a.pid && w.running);
+      if (running && stamp_of(a.path) == a.before) missing.push_back(a.rank);  // not written yet
+    }
+    if (!missing.empty() && clock::now() < *traces_until_) return;
+    if (!missing.empty()) say("flight recorder: no file from " + rank_list(missing) + " within " + seconds(t_.trace_wait));
+    stop(SIGTERM, traces_grace_);
   }
 
   /// Another node failed or was lost (or the rendezvous store went away).
@@ -111,8 +162,8 @@ class stop_policy : protected output_relay {
     rescale_ = e.rescale;
     int n = running_count();
     say(e.message + (n > 0 ? "; stopping the " + plural(n, "worker") + " on this node" : ""));
-    if (!e.rescale) hint_traces();
-    stop(SIGTERM, t_.failure_grace);
+    if (e.rescale) stop(SIGTERM, t_.failure_grace);
+    else stop_after_traces(t_.failure_grace);
   }
 
   void handle_signal(int sig) {
@@ -137,8 +188,9 @@ class stop_policy : protected output_relay {
       say(std::string("job still running after --timeout ") + limit + " s; stopping all " +
           plural(running_count(), "worker") + " and exiting with status 124");
       exit_code_ = 124;
-      stop(SIGTERM, t_.failure_grace);
+      stop_after_traces(t_.failure_grace);
     }
+    check_traces();
     if (kill_at_ && !give_up_at_ && now >= *kill_at_) {
       std::string ranks;
       for (const worker& w : workers_)
@@ -156,6 +208,8 @@ class stop_policy : protected output_relay {
   /// A later stop can only bring the SIGKILL closer, never postpone it.
   void stop(int sig, std::chrono::milliseconds grace) {
     stopping_ = true;
+    traces_until_.reset();  // (a signal during the wait for traces stops at once)
+    asked_.clear();
     signal_groups(sig);
     auto at = clock::now() + grace;
     if (!kill_at_ || at < *kill_at_) {
@@ -186,6 +240,9 @@ class stop_policy : protected output_relay {
   std::optional<clock::time_point> job_deadline_;  ///< --timeout
   std::optional<clock::time_point> kill_at_;       ///< SIGKILL everyone
   std::optional<clock::time_point> give_up_at_;    ///< stop waiting for the unkillable
+  std::optional<clock::time_point> traces_until_;  ///< stop_after_traces(): SIGTERM by then
+  std::chrono::milliseconds traces_grace_{0};
+  std::vector<trace_asked> asked_;
 };
 
 }  // namespace cclite::run

@@ -160,6 +160,7 @@ class supervisor : private stop_policy {
     if (job_deadline_ && !stopping_) wake = std::min(wake, *job_deadline_);
     if (kill_at_ && !give_up_at_) wake = std::min(wake, *kill_at_);
     if (give_up_at_) wake = std::min(wake, *give_up_at_);
+    if (traces_until_) wake = std::min(wake, clock::now() + std::chrono::milliseconds(20));  // files do not wake poll()
     return wake;
   }
 

@@ -219,8 +219,9 @@ inline std::string report(const std::vector<process_dump>& dumps) {
       if (!missing.empty()) {
         out += "  " + plural_ranks(missing) + ": no file";
         if (!explained_missing) {  // once per report
-          out += " (the process did not fail: still running, stuck outside cclite, or killed first; or its file is "
-                 "on another node: CCLITE_TRACE_FILE on a shared directory collects them all)";
+          out += " (the process did not fail in cclite and was not asked for its file (kill -USR1 <pid>; cclite-run "
+                 "asks when a job fails): still running, exited or killed first; or its file is on another node: "
+                 "CCLITE_TRACE_FILE on a shared directory collects them all)";
           explained_missing = true;
         }
         out += "\n";

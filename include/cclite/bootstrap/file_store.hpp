@@ -47,6 +47,7 @@
 #include <cclite/config.hpp>
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/clock.hpp>
+#include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
@@ -222,9 +223,7 @@ class file_store final : public store {
  private:
   file_store(std::string dir, milliseconds op_timeout) : dir_(std::move(dir)), op_timeout_(op_timeout) {
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-    char host[256] = {0};
-    if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "host");
-    tag_ = std::string(host) + "." + std::to_string(::getpid()) + "." +
+    tag_ = env::host_name("host") + "." + std::to_string(::getpid()) + "." +
            std::to_string(reinterpret_cast<std::uintptr_t>(this));
   }
 

@@ -116,7 +116,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       linkless_ = {};
       return st;
     }
-    if (!check_mismatch_ || size_ < 2 || !detail::has_call_header(d.kind)) return dispatch(d, until);
+    if (!check_mismatch_ || size_ < 2 || !every_rank_calls(d.kind)) return dispatch(d, until);
     started = true;
     detail::call_header h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
     if (this->window_call(d)) h.aux = detail::call_header::window_flag;  // a path of its own

@@ -19,6 +19,7 @@
 
 #include <cclite/collective/communicator.hpp>
 #include <cclite/collective/link_pool.hpp>
+#include <cclite/collective/trace_signal.hpp>
 #include <cclite/config.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
@@ -109,6 +110,7 @@ inline status communicator<Transports...>::finish_init() {
   std::string name = prefix_;
   if (!name.empty() && name.back() == '/') name.pop_back();
   this->trace_.enable(kept.value(), std::move(name), this->comm_id_, rank_, size_);
+  if (kept.value() > 0) CCLITE_TRY(detail::arm_trace_signal(rank_, this->log_));
   return {};
 }
 

@@ -16,7 +16,8 @@
 // Off by default (N = 0): then a call costs one predictable branch. On, each
 // call takes an uncontended mutex twice and reads the wall clock twice (0.1
 // us here: README, "Flight recorder"); the buffer is allocated once (N x 64 bytes), so calls still allocate
-// nothing. A program can also dump on its own: cclite::dump_traces(reason).
+// nothing. A program can also dump on its own: cclite::dump_traces(reason);
+// and anyone can ask a process for its file with SIGUSR1 (trace_signal.hpp).
 //
 // File format (text, one record per line, `key=value` fields, stable within a
 // version):
@@ -101,8 +102,7 @@ class flight_recorder {
   /// The call `d`, number `seq`, starts; returns its slot for end().
   CCLITE_NOINLINE std::size_t begin(const op_desc& d, std::uint64_t seq) noexcept {
     std::lock_guard<std::mutex> g(m_);
-    const bool all_ranks = d.kind != collective_kind::send && d.kind != collective_kind::recv &&
-                           d.kind != collective_kind::sendrecv && d.kind != collective_kind::group;
+    const bool all_ranks = every_rank_calls(d.kind);
     const std::size_t slot = static_cast<std::size_t>(recorded_++ % capacity_);
     trace_entry& e = ring_[slot];
     e = trace_entry{};
@@ -219,13 +219,12 @@ CCLITE_SETUP_CODE_BEGIN
 /// them (CCLITE_TRACE_BUFFER > 0), in the file format above; `reason` ends
 /// the process line (one line: newlines become spaces).
 inline std::string trace_text(const std::string& reason) {
-  char host[256] = "?";
-  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "?");
+  const std::string host = env::host_name("?");
   std::string why = reason;
   for (char& c : why)
     if (c == '\n' || c == '\r') c = ' ';
   char head[400];
-  std::snprintf(head, sizeof head, "cclite-trace 1\nprocess host=%s pid=%d dumped_us=%" PRId64 " reason=", host,
+  std::snprintf(head, sizeof head, "cclite-trace 1\nprocess host=%s pid=%d dumped_us=%" PRId64 " reason=", host.c_str(),
                 static_cast<int>(::getpid()), detail::wall_us());
   std::string out = head + why + "\n";
   detail::trace_registry& r = detail::trace_recorders();
@@ -241,10 +240,9 @@ inline std::string trace_text(const std::string& reason) {
 /// program may call it itself (e.g. from its own watchdog thread).
 inline result<std::string> dump_traces(const std::string& reason) {
   std::string text = trace_text(reason);
-  char host[256] = "unknown";
-  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
-  for (char* c = host; *c; ++c)
-    if (*c == '/') *c = '_';
+  std::string host = env::host_name();
+  for (char& c : host)
+    if (c == '/') c = '_';
   const std::string path = env::get_string("TRACE_FILE", "/tmp/cclite-trace.", false) + host + "." +
                            std::to_string(::getpid());
   // The temporary file is hidden (".<name>.tmpN" beside it), so that a writer

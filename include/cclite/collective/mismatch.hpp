@@ -167,12 +167,6 @@ CCLITE_SETUP_CODE_END
 static_assert(call_header::magic_value == p2p_envelope::call_header_magic,
               "a receive names a collective's header by its magic (algorithm/p2p_envelope.hpp)");
 
-/// True for the calls that carry a header (all but point-to-point).
-inline bool has_call_header(collective_kind k) {
-  return k != collective_kind::send && k != collective_kind::recv && k != collective_kind::sendrecv &&
-         k != collective_kind::group;
-}
-
 /// The header of `d`, the `seq`-th collective of this communicator. Fields a
 /// kind does not use are zero, so headers compare field by field. Only what
 /// must agree across ranks goes in: per-rank counts of allgatherv/alltoallv

@@ -43,6 +43,14 @@ inline const char* to_string(collective_kind k) noexcept {
   return "?";
 }
 
+/// True for the collectives, which every rank of the communicator calls (and
+/// numbers alike: the call header's seq, the flight recorder's coll); false for
+/// point-to-point calls and groups of them.
+inline constexpr bool every_rank_calls(collective_kind k) noexcept {
+  return k != collective_kind::send && k != collective_kind::recv && k != collective_kind::sendrecv &&
+         k != collective_kind::group;
+}
+
 struct op_desc;
 
 struct p2p_transfer;  // algorithm/p2p_group.hpp

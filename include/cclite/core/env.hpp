@@ -7,6 +7,8 @@
 // errc::invalid_argument status naming the variable and what it accepts.
 #pragma once
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -107,6 +109,13 @@ inline result<milliseconds> timeout() {
   }
   if (s <= 0) return milliseconds(-1);
   return milliseconds(static_cast<std::int64_t>(s * 1000.0));
+}
+
+/// This machine's host name (gethostname), `fallback` when it cannot be read.
+inline std::string host_name(const char* fallback = "unknown") {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == 0) return fallback;
+  return host;
 }
 
 }  // namespace cclite::env

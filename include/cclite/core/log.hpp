@@ -58,10 +58,8 @@ class logger {
   /// Sets the rank shown in the prefix and opens CCLITE_DEBUG_FILE if asked.
   void set_rank(int rank) {
     rank_ = rank;
-    char host[64] = {0};
-    ::gethostname(host, sizeof host - 1);
-    host_ = host;
-    std::snprintf(prefix_, sizeof prefix_, "%s:%d [rank %d] cclite", host, (int)::getpid(), rank);
+    host_ = env::host_name();
+    std::snprintf(prefix_, sizeof prefix_, "%s:%d [rank %d] cclite", host_.c_str(), (int)::getpid(), rank);
     if (file_ && file_ != stderr) std::fclose(file_);
     file_ = stderr;
     if (const char* path = env::raw("DEBUG_FILE")) {

@@ -87,9 +87,7 @@ struct peer_info {
 inline std::string local_host_id() {
   std::string forced = env::get_string("HOSTID");
   if (!forced.empty()) return forced;
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  std::string id = host;
+  std::string id = env::host_name();
   if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
     char boot[64] = {0};
     if (std::fgets(boot, sizeof boot, f)) {
@@ -107,9 +105,7 @@ inline peer_info local_peer_info(int rank) {
   peer_info p;
   p.rank = rank;
   p.pid = static_cast<int>(::getpid());
-  char host[256] = {0};
-  ::gethostname(host, sizeof host - 1);
-  p.hostname = host;
+  p.hostname = env::host_name();
   p.host_id = local_host_id();
   return p;
 }
