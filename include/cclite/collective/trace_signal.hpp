@@ -26,6 +26,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -34,7 +35,6 @@
 #include <cstring>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include <cclite/collective/flight_recorder.hpp>
 #include <cclite/config.hpp>
@@ -50,9 +50,10 @@ namespace detail {
 struct trace_signal_state {
   std::atomic<int> owner{0};  ///< pid whose thread reads the pipe; 0: none
   std::atomic<int> write_fd{-1};
-  int read_fd = -1;
-  int signo = 0;
-  std::mutex m;  ///< arm_trace_signal()
+  int read_fd = -1;   ///< read by the dumper thread
+  int signo = 0;      ///< the signal armed
+  int rank = 0;       ///< labels the dumper's log lines
+  std::mutex m;       ///< arm_trace_signal()
 };
 static_assert(std::atomic<int>::is_always_lock_free, "read in a signal handler");
 
@@ -78,13 +79,32 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 /// CCLITE_TRACE_SIGNAL: USR1 (default), USR2 (with or without "SIG"), or 0 /
 /// none / off for no dump on request.
 inline result<int> trace_signal_number() {
-  const std::string v = env::get_string("TRACE_SIGNAL", "USR1", false);
-  const std::string name = v.compare(0, 3, "SIG") == 0 ? v.substr(3) : v;
-  if (name == "USR1") return SIGUSR1;
-  if (name == "USR2") return SIGUSR2;
-  if (name == "0" || name == "none" || name == "off" || name.empty()) return 0;
+  const char* v = env::raw("TRACE_SIGNAL", false);
+  if (!v) return SIGUSR1;
+  const char* name = std::strncmp(v, "SIG", 3) == 0 ? v + 3 : v;
+  if (std::strcmp(name, "USR1") == 0) return SIGUSR1;
+  if (std::strcmp(name, "USR2") == 0) return SIGUSR2;
+  if (!*name || !std::strcmp(name, "0") || !std::strcmp(name, "none") || !std::strcmp(name, "off")) return 0;
   return make_error(errc::invalid_argument, "CCLITE_TRACE_SIGNAL='%s' is not USR1, USR2 or 0 (the signal that asks a "
-                    "process for its flight recorder file; 0: none)", v.c_str());
+                    "process for its flight recorder file; 0: none)", v);
+}
+
+/// The dumper thread: a file per wake-up of the pipe (several signals at
+/// once: one file). A plain pthread (no std::thread state to compile).
+inline void* trace_dumper(void*) {
+  const trace_signal_state& s = trace_signal();  // set before the thread was made, not changed since
+  const int fd = s.read_fd;
+  logger lg(s.rank);
+  char buf[64];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return nullptr;  // the pipe was closed (not in practice: the thread lives as long as the process)
+    auto path = dump_traces(std::string(s.signo == SIGUSR1 ? "SIGUSR1" : "SIGUSR2") +
+                            ": a dump on request (the process went on)");
+    if (path) CCLITE_WARN(lg, "flight recorder: last calls written to %s on request", path.value().c_str());
+    else CCLITE_WARN(lg, "%s", path.error().to_string().c_str());
+  }
 }
 
 /// Arms the dump on request for this process (once per process; again in a
@@ -125,22 +145,22 @@ inline status arm_trace_signal(int rank, const logger& log) {
   }
   ::fcntl(p[1], F_SETFL, O_NONBLOCK);  // the handler never blocks
   s.read_fd = p[0];
-  s.write_fd.store(p[1]);
   s.signo = sig.value();
-  const int read_fd = p[0];
-  std::thread([read_fd, rank, signo = sig.value()] {
-    logger lg(rank);
-    char buf[64];
-    for (;;) {
-      const ssize_t n = ::read(read_fd, buf, sizeof buf);  // several signals: one dump
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;  // the pipe was closed (never in practice: the thread lives as long as the process)
-      auto path = dump_traces(std::string(signo == SIGUSR1 ? "SIGUSR1" : "SIGUSR2") +
-                              ": a dump on request (the process went on)");
-      if (path) CCLITE_WARN(lg, "flight recorder: last calls written to %s on request", path.value().c_str());
-      else CCLITE_WARN(lg, "%s", path.error().to_string().c_str());
-    }
-  }).detach();
+  s.rank = rank;
+  pthread_t dumper;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  const int made = ::pthread_create(&dumper, &attr, &trace_dumper, nullptr);
+  pthread_attr_destroy(&attr);
+  if (made != 0) {
+    CCLITE_WARN(log, "flight recorder: no dump on request: pthread_create() failed: %s", std::strerror(made));
+    ::close(p[0]);
+    ::close(p[1]);
+    s.read_fd = -1;
+    return {};
+  }
+  s.write_fd.store(p[1]);
   s.owner.store(pid, std::memory_order_release);
   if (!ours) {
     struct sigaction sa {};
