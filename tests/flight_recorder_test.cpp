@@ -457,3 +457,31 @@ TEST_CASE("CCLITE_TRACE_SIGNAL: a program's own handler is kept, 0 installs none
     CHECK(r.all_ok());
   }
 }
+
+TEST_CASE("a request that comes when no communicator is left keeps the file the process wrote before, touched") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(1, [&](int, int) {
+    ::setenv("CCLITE_TRACE_BUFFER", "8", 1);
+    ::setenv("CCLITE_TRACE_FILE", (dir.path + "/t.").c_str(), 1);
+    auto kv = test::open_dir_store(dir.path + "/store");
+    auto c = test::make_comm(*kv, 0, 1);
+    int x = 1;
+    MP_REQUIRE(c->allreduce(&x, 1).ok());
+    auto path = dump_traces("the failure's dump");
+    MP_REQUIRE_OK(path);
+    c.reset();  // the program is ending: its communicator is gone
+    struct stat before {}, after {};
+    MP_REQUIRE(::stat(path.value().c_str(), &before) == 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // past the file clock's granularity
+    ::raise(SIGUSR1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the dumper's turn
+    const std::string t = slurp(path.value());
+    MP_CHECK(has(t, "reason=the failure's dump\n"));
+    MP_CHECK(has(t, "kind=allreduce count=1 dtype=int32"));
+    // ... and touched: cclite-run, waiting for an answer, sees its time change.
+    MP_REQUIRE(::stat(path.value().c_str(), &after) == 0);
+    MP_CHECK((after.st_mtim.tv_sec != before.st_mtim.tv_sec || after.st_mtim.tv_nsec != before.st_mtim.tv_nsec));
+    return 0;
+  });
+  CHECK(r.all_ok());
+}

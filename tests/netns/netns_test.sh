@@ -30,6 +30,10 @@
 #   srun          2 nodes x 2 ranks started as srun starts them (its variables,
 #                 no cclite-run, no endpoint): the ranks meet on the first node
 #                 of SLURM_STEP_NODELIST=node[0-1] at a port from the job id
+#   trace_request 2 nodes x 2 ranks, the flight recorder on: rank 3 (node 1)
+#                 exits outside cclite while rank 1 (node 0) computes: node 0's
+#                 cclite-run, told of node 1's failure, asks rank 1 for its file
+#                 before stopping it, and cclite-trace names rank 1's last call
 #   srun_agents   2 nodes, one cclite-run per node started as srun starts a
 #                 task (its variables; no --nnodes, no endpoint), 2 workers
 #                 each: the agents meet on node0 at a port from the job id
@@ -353,8 +357,24 @@ srun_agents)
       "node $i: the agents' endpoint derived from the step"
   done
   ;;
+trace_request)
+  nodes_up 2
+  run_job 2 2 120 CCLITE_TRACE_BUFFER=16 "CCLITE_TRACE_FILE=$LOGS/t." -- "$BIN/collectives_check" --stuck-rank1
+  [ "$RC_1" = 2 ] || fail "node 1: cclite-run exited $RC_1, not 2 (rank 3's status)"
+  [ "$RC_0" = 2 ] || fail "node 0: cclite-run exited $RC_0, not 2 (the job's first failure)"
+  # Rank 0 may have lost rank 3 and failed by itself first: then only rank 1 is asked.
+  grep_log "$LOGS/node0.log" "flight recorder: asked rank.* 1 for" "node 0 asked rank 1 (computing) for its file"
+  if grep -q "flight recorder: no file from" "$LOGS/node0.log" "$LOGS/node1.log"; then fail "an asked worker wrote no file"; fi
+  "$BIN/cclite-trace" "$LOGS"/t.* >"$LOGS/report.log" 2>&1 || fail "cclite-trace failed"
+  grep_log "$LOGS/report.log" "rank 1 never started collective #2; its last was allreduce #1 (1000 x float, sum), done in" \
+    "the report names rank 1's last call"
+  grep_log "$LOGS/report.log" "node0 pid [0-9]*: SIGUSR1: a dump on request" "rank 1's file was written on request"
+  # Rank 0's file: its failure's or the requested one, never emptied by a
+  # request that came as its communicator was gone.
+  grep_log "$LOGS/report.log" "(id [0-9a-f]*, 4 ranks): files from ranks 0-2; none from rank 3" "a file from ranks 0-2"
+  ;;
 *)
-  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|elastic|rdzv_id|srun|srun_agents"
+  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|elastic|rdzv_id|srun|srun_agents|trace_request"
   exit 2
   ;;
 esac

@@ -233,18 +233,18 @@ inline std::string trace_text(const std::string& reason) {
   return out;
 }
 
-/// Writes trace_text(reason) to CCLITE_TRACE_FILE<host>.<pid> (default prefix
-/// /tmp/cclite-trace.), through a hidden temporary file and a rename, so a
-/// reader never sees half a dump; a later dump replaces the earlier one. Returns the
-/// path. Communicators call it when one of their calls fails for good; a
-/// program may call it itself (e.g. from its own watchdog thread).
-inline result<std::string> dump_traces(const std::string& reason) {
-  std::string text = trace_text(reason);
+namespace detail {
+/// This process's file: CCLITE_TRACE_FILE<host>.<pid>.
+inline std::string trace_file_path() {
   std::string host = env::host_name();
   for (char& c : host)
     if (c == '/') c = '_';
-  const std::string path = env::get_string("TRACE_FILE", "/tmp/cclite-trace.", false) + host + "." +
-                           std::to_string(::getpid());
+  return env::get_string("TRACE_FILE", "/tmp/cclite-trace.", false) + host + "." + std::to_string(::getpid());
+}
+
+/// dump_traces() of a text made already (trace_signal.hpp looks at it first).
+inline result<std::string> write_trace_file(const std::string& text) {
+  const std::string path = trace_file_path();
   // The temporary file is hidden (".<name>.tmpN" beside it), so that a writer
   // killed mid-dump (cclite-run stops the other workers at once) leaves
   // nothing a `<prefix>*` glob hands to cclite-trace; N: two communicators
@@ -265,6 +265,16 @@ inline result<std::string> dump_traces(const std::string& reason) {
                       std::strerror(e));
   }
   return path;
+}
+}  // namespace detail
+
+/// Writes trace_text(reason) to CCLITE_TRACE_FILE<host>.<pid> (default prefix
+/// /tmp/cclite-trace.), through a hidden temporary file and a rename, so a
+/// reader never sees half a dump; a later dump replaces the earlier one. Returns the
+/// path. Communicators call it when one of their calls fails for good; a
+/// program may call it itself (e.g. from its own watchdog thread).
+inline result<std::string> dump_traces(const std::string& reason) {
+  return detail::write_trace_file(trace_text(reason));
 }
 CCLITE_SETUP_CODE_END
 

@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -100,8 +101,18 @@ inline void* trace_dumper(void*) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return nullptr;  // the pipe was closed (not in practice: the thread lives as long as the process)
-    auto path = dump_traces(std::string(s.signo == SIGUSR1 ? "SIGUSR1" : "SIGUSR2") +
-                            ": a dump on request (the process went on)");
+    const std::string text = trace_text(std::string(s.signo == SIGUSR1 ? "SIGUSR1" : "SIGUSR2") +
+                                        ": a dump on request (the process went on)");
+    if (text.find("\ncomm ") == std::string::npos) {
+      // No communicator left (the process is ending, e.g. after a failure):
+      // an empty file would replace the one its failure wrote. That one is
+      // touched instead, which tells a waiting cclite-run the request was
+      // answered (trace_request.hpp).
+      CCLITE_INFO(lg, "flight recorder: asked for a file with no communicator alive; the last file stays");
+      ::utimensat(AT_FDCWD, trace_file_path().c_str(), nullptr, 0);
+      continue;
+    }
+    auto path = write_trace_file(text);
     if (path) CCLITE_WARN(lg, "flight recorder: last calls written to %s on request", path.value().c_str());
     else CCLITE_WARN(lg, "%s", path.error().to_string().c_str());
   }
