@@ -144,7 +144,7 @@ TEST_CASE("a rank that never comes: the others' files name the call, cclite-trac
     REQUIRE(files.size() == 3);  // ranks 0-2 failed; rank 3 did not
     const std::string one = slurp(files[0]);
     CHECK(has(one, "cclite-trace 1\nprocess host="));
-    CHECK(has(one, " size=4 calls=5 kept=5\n"));
+    CHECK(has(one, " size=4 calls=5 kept=5 queued=0\n"));
     CHECK(has(one, "call seq=4 coll=4 kind=broadcast count=1000 dtype=float"));
     CHECK(has(one, "call seq=5 coll=5 kind=allreduce count=4096 dtype=float op=sum"));
     CHECK(has(one, "state=failed code=timeout\n"));
@@ -227,7 +227,7 @@ TEST_CASE("the recorder keeps the last N calls, is off by default, and refuses a
     const auto files = trace_files(dir.path);
     REQUIRE(files.size() == 1);
     const std::string t = slurp(files[0]);
-    CHECK(has(t, " rank=0 size=2 calls=11 kept=4\n"));
+    CHECK(has(t, " rank=0 size=2 calls=11 kept=4 queued=0\n"));
     CHECK(!has(t, "call seq=7 "));
     CHECK(has(t, "call seq=8 coll=8 kind=allreduce"));
     CHECK(has(t, "call seq=10 coll=10 kind=broadcast"));
@@ -337,7 +337,7 @@ TEST_CASE("SIGUSR1 during collectives: a file on request, and every call still c
         t = slurp(path);
       }
       MP_CHECK(has(t, "reason=SIGUSR1: a dump on request (the process went on)\n"));
-      MP_CHECK(has(t, "calls=300 kept=32\n"));
+      MP_CHECK(has(t, "calls=300 kept=32 queued=0\n"));
       MP_CHECK(has(t, "call seq=300 coll=300 kind=broadcast count=1 dtype=int32"));
       MP_CHECK(!has(t, "state=failed"));
       return 0;
@@ -484,4 +484,43 @@ TEST_CASE("a request that comes when no communicator is left keeps the file the 
     return 0;
   });
   CHECK(r.all_ok());
+}
+
+TEST_CASE("calls issued but not started are in the file, and cclite-trace says a rank had issued the collective") {
+  test::temp_dir dir;
+  auto r = run_traced(3, net::shm_only, dir.path, "16", [](int rank, store&, default_communicator& c) {
+    if (some_calls(c, 0) != 0) return 1;  // broadcast #1
+    std::vector<float> v(300, 1.0f);
+    if (rank != 2) {  // allreduce #2, for which rank 2's queue never gets free
+      MP_CHECK(c.allreduce(v.data(), v.size()).code() == errc::timeout);
+      std::this_thread::sleep_for(deadline_ms / 2);  // until rank 2 timed out too
+      return 0;
+    }
+    // Rank 2: a receive nobody answers occupies its communicator (another
+    // thread's blocking call), and the allreduce waits in the queue behind it.
+    int x = 0;
+    std::thread stuck([&] { MP_CHECK(c.recv(&x, 1, dtype::int32, 0).code() == errc::timeout); });
+    std::this_thread::sleep_for(deadline_ms / 10);
+    work w = c.allreduce_async(v.data(), v.size());
+    stuck.join();
+    MP_CHECK(!w.wait().ok());
+    return 0;
+  });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+  const std::string rep = trace_report(dir.path, 3);
+  INFO(rep);
+  CHECK(has(rep, "furthest call: allreduce #2 (300 x float, sum): ranks 0,1 failed (timeout)"));
+  CHECK(has(rep, "rank 2 never started collective #2; its last was broadcast #1 (1000 x float, root 0), done in"));
+  CHECK(has(rep, "    it had issued it: allreduce #2 (300 x float, sum) queued, not started, issued "));
+  CHECK(has(rep, "rank 2: recv from rank 0 (call #2, 1 x int32) failed (timeout) after"));
+  bool queued_line = false;
+  for (const std::string& f : trace_files(dir.path)) {
+    const std::string t = slurp(f);
+    if (!has(t, " rank=2 size=3 ")) continue;
+    CHECK(has(t, " rank=2 size=3 calls=2 kept=2 queued=1\n"));
+    queued_line = has(t, "call seq=0 coll=2 kind=allreduce count=300 dtype=float op=sum root=0 peer2=0 count2=0 "
+                         "start_us=0 end_us=0 queued_us=");
+  }
+  CHECK(queued_line);
 }

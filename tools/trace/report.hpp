@@ -2,8 +2,8 @@
 // communicator: the furthest collective any rank reached and how it ended on
 // each rank, the ranks that never started it and what they were doing
 // instead (a call of another communicator of the same process), ranks with
-// no file, the first collective the ranks called differently, and point-to-point
-// calls left pending.
+// no file, the first collective the ranks called differently, point-to-point
+// calls left pending, and calls issued but still queued.
 #pragma once
 
 #include <algorithm>
@@ -60,14 +60,15 @@ inline std::string arguments(const call& c) {
 
 /// "allreduce #7 (1000 x float, sum)" or "send to rank 2 (call #12, 64 x float)".
 inline std::string describe(const call& c) {
-  if (c.kind == "send") return "send to rank " + std::to_string(c.root) + " (call #" + std::to_string(c.seq) + ", " +
+  // A queued call has no number yet (seq 0).
+  const std::string no = c.seq ? "call #" + std::to_string(c.seq) : "not numbered yet";
+  if (c.kind == "send") return "send to rank " + std::to_string(c.root) + " (" + no + ", " +
                                std::to_string(c.count) + " x " + c.dtype + ")";
-  if (c.kind == "recv") return "recv from rank " + std::to_string(c.root) + " (call #" + std::to_string(c.seq) + ", " +
+  if (c.kind == "recv") return "recv from rank " + std::to_string(c.root) + " (" + no + ", " +
                                std::to_string(c.count) + " x " + c.dtype + ")";
   if (c.kind == "sendrecv") return "sendrecv to rank " + std::to_string(c.root) + ", from rank " +
-                                   std::to_string(c.peer2) + " (call #" + std::to_string(c.seq) + ")";
-  if (c.kind == "group") return "group of " + std::to_string(c.count) + " sends and receives (call #" +
-                                std::to_string(c.seq) + ")";
+                                   std::to_string(c.peer2) + " (" + no + ")";
+  if (c.kind == "group") return "group of " + std::to_string(c.count) + " sends and receives (" + no + ")";
   return c.kind + " #" + std::to_string(c.coll) + arguments(c);
 }
 
@@ -78,6 +79,12 @@ inline std::string outcome(const call& c, std::int64_t dumped_us) {
   char t[64];
   if (s < 0.01) std::snprintf(t, sizeof t, "%.3f ms", s * 1e3);
   else std::snprintf(t, sizeof t, "%.2f s", s);
+  if (c.state == "queued") {  // issued, not started: behind the communicator's running call
+    const double q = static_cast<double>(dumped_us - c.queued_us) / 1e6;
+    if (q < 0.01) std::snprintf(t, sizeof t, "%.3f ms", q * 1e3);
+    else std::snprintf(t, sizeof t, "%.2f s", q);
+    return std::string("queued, not started, issued ") + t + " before the dump";
+  }
   if (c.state == "running") return std::string("still running ") + t + " after it started, at the dump";
   if (c.state == "failed") return "failed (" + c.code + ") after " + t;
   return std::string("done in ") + t;
@@ -88,9 +95,12 @@ struct member {
   const comm_section* sec;
 };
 
+inline bool queued(const call& c) { return c.state == "queued"; }
+
+/// The last collective `s` started (not one still queued).
 inline const call* last_collective(const comm_section& s) {
   for (auto it = s.kept.rbegin(); it != s.kept.rend(); ++it)
-    if (!point_to_point(*it)) return &*it;
+    if (!point_to_point(*it) && !queued(*it)) return &*it;
   return nullptr;
 }
 
@@ -195,7 +205,7 @@ inline std::string report(const std::vector<process_dump>& dumps) {
       std::vector<const member*> behind;
       for (const member& m : ms) {
         const call* c = find_coll(*m.sec, furthest);
-        if (!c) {
+        if (!c || queued(*c)) {  // (queued: issued, but its queue is stuck behind an earlier call)
           behind.push_back(&m);
           continue;
         }
@@ -213,6 +223,8 @@ inline std::string report(const std::vector<process_dump>& dumps) {
         out += "  rank " + std::to_string(m->sec->rank) + " never started collective #" + std::to_string(furthest);
         if (last) out += "; its last was " + describe(*last) + ", " + outcome(*last, m->proc->dumped_us);
         out += "\n";
+        if (const call* q = find_coll(*m->sec, furthest); q && queued(*q))
+          out += "    it had issued it: " + describe(*q) + " " + outcome(*q, m->proc->dumped_us) + "\n";
         const std::string other = meanwhile(*m, last ? last->start_us : 0);
         if (!other.empty()) out += "    meanwhile it was in " + other + "\n";
       }
@@ -231,13 +243,18 @@ inline std::string report(const std::vector<process_dump>& dumps) {
       }
     }
 
-    // Point-to-point calls that had not finished well.
+    // Point-to-point calls that had not finished well, and the collectives
+    // issued but not started (but the furthest, said above), three per rank.
     for (const member& m : ms) {
+      int waiting = 0;
       for (const call& c : m.sec->kept) {
-        if (point_to_point(c) && c.state != "done") {
+        const bool later = queued(c) && !point_to_point(c) && c.coll != furthest;
+        if (later && ++waiting > 3) continue;
+        if ((point_to_point(c) && c.state != "done") || later) {
           out += "  rank " + std::to_string(m.sec->rank) + ": " + describe(c) + " " + outcome(c, m.proc->dumped_us) + "\n";
         }
       }
+      if (waiting > 3) out += "  rank " + std::to_string(m.sec->rank) + ": and " + std::to_string(waiting - 3) + " more collectives queued\n";
     }
   }
   return out;

@@ -17,6 +17,7 @@ namespace cclite_trace {
 struct call {
   std::uint64_t seq = 0, coll = 0, count = 0, count2 = 0;
   std::int64_t start_us = 0, end_us = 0;
+  std::int64_t queued_us = 0;  ///< state "queued": when it was issued (it has no start yet)
   int root = 0, peer2 = 0;
   std::string kind, dtype, op, state, code;
 };
@@ -26,7 +27,7 @@ struct comm_section {
   std::string id, name;
   int rank = -1, size = 0;
   std::uint64_t calls = 0;  ///< recorded since creation (`calls` may exceed what was kept)
-  std::vector<call> kept;   ///< oldest first
+  std::vector<call> kept;   ///< oldest first; then the calls queued and not started (state "queued")
 };
 
 /// One process's file.
@@ -123,6 +124,7 @@ inline bool parse_dump(std::istream& in, const std::string& path, process_dump& 
       detail::to_i64(f, "count2", count2);
       detail::to_i64(f, "root", root);
       detail::to_i64(f, "peer2", peer2);
+      detail::to_i64(f, "queued_us", c.queued_us);
       c.seq = static_cast<std::uint64_t>(seq);
       c.coll = static_cast<std::uint64_t>(coll);
       c.count = static_cast<std::uint64_t>(count);

@@ -72,7 +72,10 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
   /// Waits for queued collectives (each bounded by its deadline), then closes.
-  ~communicator() { queue_.shutdown(); }
+  ~communicator() {
+    queue_.shutdown();
+    this->trace_.watch_queue(nullptr);  // before queue_ goes (a dump may run on another thread)
+  }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }

@@ -23,9 +23,14 @@
 // version):
 //   cclite-trace 1
 //   process host=node1 pid=4242 dumped_us=<unix us> reason=<rest of the line>
-//   comm id=<hex> name=<store prefix> rank=R size=N calls=<recorded> kept=<in file>
+//   comm id=<hex> name=<store prefix> rank=R size=N calls=<recorded> kept=<in file> queued=<Q>
 //   call seq=S coll=C kind=allreduce count=N dtype=float op=sum root=R peer2=P count2=M
 //        start_us=<unix us> end_us=<unix us, 0 while running> state=done|running|failed code=<errc>
+//   ... then the communicator's Q calls issued but not started yet (queued
+//   behind the running one: _async calls, or blocking calls of other threads),
+//   in the order they will run:
+//   call seq=0 coll=<the number it will have; 0 for point to point> kind=... start_us=0 end_us=0
+//        queued_us=<unix us, when issued> state=queued code=ok
 // (the fields of op_desc, whichever the kind uses: root is a rooted call's
 // root or a send's / recv's peer, peer2 and count2 a sendrecv's source and
 // receive count)
@@ -49,7 +54,9 @@
 #include <string>
 
 #include <cclite/collective/op.hpp>
+#include <cclite/collective/work_queue.hpp>
 #include <cclite/config.hpp>
+#include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/env.hpp>
 #include <cclite/core/status.hpp>
@@ -69,11 +76,6 @@ struct trace_entry {
   reduce_op op = reduce_op::sum;
   errc code = errc::ok;
 };
-
-inline std::int64_t wall_us() noexcept {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 class flight_recorder;
 
@@ -161,6 +163,13 @@ CCLITE_SETUP_CODE_BEGIN  // set-up and dumps: compiled for size (config.hpp)
     }
   }
 
+  /// Dumps list the calls `q` holds that have not started (null: none; the
+  /// communicator unlinks its queue before destroying it).
+  void watch_queue(const work_queue* q) {
+    std::lock_guard<std::mutex> g(m_);
+    queue_ = q;
+  }
+
   /// The next live recorder (under the registry's lock).
   const flight_recorder* next() const noexcept { return next_; }
 
@@ -168,12 +177,28 @@ CCLITE_SETUP_CODE_BEGIN  // set-up and dumps: compiled for size (config.hpp)
   void append(std::string& out) const {
     std::lock_guard<std::mutex> g(m_);
     const std::uint64_t kept = std::min<std::uint64_t>(recorded_, capacity_);
+    // The calls waiting in the queue, as lines, before this section's head
+    // (which counts them).
+    std::string waiting;
+    std::size_t queued = 0;
     char line[512];
+    if (queue_) {
+      std::uint64_t coll = coll_;
+      queue_->for_each_queued([&](const op_desc& d, std::int64_t queued_us) {
+        ++queued;
+        std::snprintf(line, sizeof line,
+                      "call seq=0 coll=%" PRIu64 " kind=%s count=%zu dtype=%s op=%s root=%d peer2=%d count2=%zu "
+                      "start_us=0 end_us=0 queued_us=%" PRId64 " state=queued code=ok\n",
+                      every_rank_calls(d.kind) ? ++coll : 0, to_string(d.kind), d.count, to_string(d.type),
+                      to_string(d.op), d.root, d.peer2, d.count2, queued_us);
+        waiting += line;
+      });
+    }
     std::snprintf(line, sizeof line, "comm id=%06x name=", static_cast<unsigned>(id_));
     out += line;
     out += name_;  // any length
-    std::snprintf(line, sizeof line, " rank=%d size=%d calls=%" PRIu64 " kept=%" PRIu64 "\n", rank_, size_,
-                  recorded_, kept);
+    std::snprintf(line, sizeof line, " rank=%d size=%d calls=%" PRIu64 " kept=%" PRIu64 " queued=%zu\n", rank_,
+                  size_, recorded_, kept, queued);
     out += line;
     for (std::uint64_t i = recorded_ - kept; i < recorded_; ++i) {
       const trace_entry& e = ring_[static_cast<std::size_t>(i % capacity_)];
@@ -185,11 +210,13 @@ CCLITE_SETUP_CODE_BEGIN  // set-up and dumps: compiled for size (config.hpp)
                     e.count2, e.start_us, e.end_us, state, to_string(e.code));
       out += line;
     }
+    out += waiting;
   }
 CCLITE_SETUP_CODE_END
 
  private:
-  mutable std::mutex m_;
+  mutable std::mutex m_;  // before the queue's own lock, never after
+  const work_queue* queue_ = nullptr;
   std::unique_ptr<trace_entry[]> ring_;
   std::size_t capacity_ = 0;
   flight_recorder* next_ = nullptr;  // in trace_recorders()
@@ -225,7 +252,7 @@ inline std::string trace_text(const std::string& reason) {
     if (c == '\n' || c == '\r') c = ' ';
   char head[400];
   std::snprintf(head, sizeof head, "cclite-trace 1\nprocess host=%s pid=%d dumped_us=%" PRId64 " reason=", host.c_str(),
-                static_cast<int>(::getpid()), detail::wall_us());
+                static_cast<int>(::getpid()), wall_us());
   std::string out = head + why + "\n";
   detail::trace_registry& r = detail::trace_recorders();
   std::lock_guard<std::mutex> g(r.m);

@@ -156,6 +156,7 @@ class work_queue {
     sl.done = false;
     sl.handle_alive = true;
     sl.desc = d;
+    sl.queued_us = wall_us();  // for the flight recorder (for_each_queued)
     sl.result = status();
     const std::uint64_t gen = ++sl.gen;
     fifo_[(head_ + count_) % max_outstanding] = s;
@@ -165,6 +166,17 @@ class work_queue {
 #endif
     cv_.notify_all();
     return work(this, s, gen);
+  }
+
+  /// Calls f(desc, issued at: wall_us) for each call queued and not started
+  /// yet, in the order they will run (the flight recorder's dumps).
+  template <class F>
+  void for_each_queued(F&& f) const {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (int i = 0; i < count_; ++i) {
+      const slot& sl = slots_[static_cast<std::size_t>(fifo_[(head_ + i) % max_outstanding])];
+      f(sl.desc, sl.queued_us);
+    }
   }
 
   /// Stops the background thread after the queued calls ran.
@@ -184,6 +196,7 @@ class work_queue {
   struct slot {
     op_desc desc;
     status result;
+    std::int64_t queued_us = 0;  ///< when submitted (wall clock)
     std::uint64_t gen = 0;
     bool in_use = false, done = false, handle_alive = false;
   };
@@ -239,7 +252,7 @@ class work_queue {
   }
 
   op_executor& ex_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::array<slot, max_outstanding> slots_{};
   std::array<int, max_outstanding> fifo_{};

@@ -9,6 +9,13 @@ namespace cclite {
 using clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
+/// Wall-clock microseconds since the Unix epoch (what the flight recorder
+/// writes: comparable across processes and nodes, unlike `clock`).
+inline std::int64_t wall_us() noexcept {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 /// A point in time after which a wait gives up with errc::timeout.
 /// `deadline::never()` exists for tests and tools; the library itself always
 /// derives deadlines from CCLITE_TIMEOUT or a per-call timeout.
