@@ -115,6 +115,22 @@ test::run_result run_traced(int size, net n, const std::string& dir, const char*
       });
 }
 
+// create() with these CCLITE_TRACE_BUFFER / CCLITE_TRACE_SIGNAL values (signal
+// null: unset) fails with invalid_argument, its message naming `expect`.
+void check_refused(const char* buffer, const char* signal, const std::string& expect) {
+  test::temp_dir dir;
+  auto r = test::run_ranks(1, [&](int, int) {
+    ::setenv("CCLITE_TRACE_BUFFER", buffer, 1);
+    if (signal) ::setenv("CCLITE_TRACE_SIGNAL", signal, 1);
+    auto kv = test::open_dir_store(dir.path);
+    auto c = default_communicator::create(*kv, 0, 1);
+    MP_CHECK(!c && c.error().code() == errc::invalid_argument);
+    MP_CHECK(!c && has(c.error().message(), expect));
+    return 0;
+  });
+  CHECK(r.all_ok());
+}
+
 int some_calls(default_communicator& c, int allreduces) {
   std::vector<float> v(1000, 1.0f);
   for (int i = 0; i < allreduces; ++i) MP_REQUIRE(c.allreduce(v.data(), v.size()).ok());
@@ -248,18 +264,7 @@ TEST_CASE("the recorder keeps the last N calls, is off by default, and refuses a
     CHECK(r.all_ok());
     CHECK(trace_files(dir.path).empty());
   }
-  SUBCASE("a bad value fails create() and names the variable") {
-    test::temp_dir dir;
-    auto r = test::run_ranks(1, [&](int, int) {
-      ::setenv("CCLITE_TRACE_BUFFER", "-5", 1);
-      auto kv = test::open_dir_store(dir.path);
-      auto c = default_communicator::create(*kv, 0, 1);
-      MP_CHECK(!c && c.error().code() == errc::invalid_argument);
-      MP_CHECK(!c && has(c.error().message(), "CCLITE_TRACE_BUFFER=-5"));
-      return 0;
-    });
-    CHECK(r.all_ok());
-  }
+  SUBCASE("a bad value fails create() and names the variable") { check_refused("-5", nullptr, "CCLITE_TRACE_BUFFER=-5"); }
 }
 
 TEST_CASE("dump_traces() on demand: every live communicator of the process, point-to-point calls included") {
@@ -444,18 +449,7 @@ TEST_CASE("CCLITE_TRACE_SIGNAL: a program's own handler is kept, 0 installs none
     CHECK(r.all_ok());
     CHECK(trace_files(dir.path).size() == 1);
   }
-  SUBCASE("a bad value fails create() and names the variable") {
-    auto r = test::run_ranks(1, [&](int, int) {
-      ::setenv("CCLITE_TRACE_BUFFER", "8", 1);
-      ::setenv("CCLITE_TRACE_SIGNAL", "HUP", 1);
-      auto kv = test::open_dir_store(dir.path);
-      auto c = default_communicator::create(*kv, 0, 1);
-      MP_CHECK(!c && c.error().code() == errc::invalid_argument);
-      MP_CHECK(!c && has(c.error().message(), "CCLITE_TRACE_SIGNAL='HUP'"));
-      return 0;
-    });
-    CHECK(r.all_ok());
-  }
+  SUBCASE("a bad value fails create() and names the variable") { check_refused("8", "HUP", "CCLITE_TRACE_SIGNAL='HUP'"); }
 }
 
 TEST_CASE("a request that comes when no communicator is left keeps the file the process wrote before, touched") {
