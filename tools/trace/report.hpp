@@ -104,10 +104,16 @@ inline const call* last_collective(const comm_section& s) {
   return nullptr;
 }
 
+/// The call numbered `coll` in `s`: a started one, else one still queued (a
+/// file may hold both under one number).
 inline const call* find_coll(const comm_section& s, std::uint64_t coll) {
-  for (const call& c : s.kept)
-    if (c.coll == coll) return &c;
-  return nullptr;
+  const call* waiting = nullptr;
+  for (const call& c : s.kept) {
+    if (c.coll != coll) continue;
+    if (!queued(c)) return &c;
+    if (!waiting) waiting = &c;
+  }
+  return waiting;
 }
 
 // What `m`'s process did after `after_us` in its other communicators: the
@@ -215,7 +221,7 @@ inline std::string report(const std::vector<process_dump>& dumps) {
         if (describe(*c) != describe(*shown)) o += " in " + describe(*c);  // a mismatch: say what they called
         at[o].push_back(m.sec->rank);
       }
-      out += "  furthest call: " + describe(*shown) + ":";
+      out += "  furthest call: " + (shown ? describe(*shown) : "collective #" + std::to_string(furthest)) + ":";
       for (const auto& a : at) out += " " + plural_ranks(a.second) + " " + a.first + ";";
       out.back() = '\n';
       for (const member* m : behind) {
