@@ -110,8 +110,10 @@ inline status communicator<Transports...>::finish_init() {
   std::string name = prefix_;
   if (!name.empty() && name.back() == '/') name.pop_back();
   this->trace_.enable(kept.value(), std::move(name), this->comm_id_, rank_, size_);
-  if (kept.value() > 0) this->trace_.watch_queue(&queue_);
-  if (kept.value() > 0) CCLITE_TRY(detail::arm_trace_signal(rank_, this->log_));
+  if (kept.value() > 0) {
+    this->trace_.watch_queue(&queue_);
+    CCLITE_TRY(detail::arm_trace_signal(rank_, this->log_));
+  }
   return {};
 }
 

@@ -107,17 +107,8 @@ class flight_recorder {
     const bool all_ranks = every_rank_calls(d.kind);
     const std::size_t slot = static_cast<std::size_t>(recorded_++ % capacity_);
     trace_entry& e = ring_[slot];
-    e = trace_entry{};
-    e.seq = seq;
-    e.coll = all_ranks ? ++coll_ : 0;
+    e = entry_of(d, seq, all_ranks ? ++coll_ : 0);
     e.start_us = wall_us();
-    e.count = d.count;
-    e.count2 = d.count2;
-    e.root = d.root;
-    e.peer2 = d.peer2;
-    e.kind = d.kind;
-    e.type = d.type;
-    e.op = d.op;
     return slot;
   }
 
@@ -185,13 +176,8 @@ CCLITE_SETUP_CODE_BEGIN  // set-up and dumps: compiled for size (config.hpp)
     if (queue_) {
       std::uint64_t coll = coll_;
       queue_->for_each_queued([&](const op_desc& d, std::int64_t queued_us) {
-        ++queued;
-        std::snprintf(line, sizeof line,
-                      "call seq=0 coll=%" PRIu64 " kind=%s count=%zu dtype=%s op=%s root=%d peer2=%d count2=%zu "
-                      "start_us=0 end_us=0 queued_us=%" PRId64 " state=queued code=ok\n",
-                      every_rank_calls(d.kind) ? ++coll : 0, to_string(d.kind), d.count, to_string(d.type),
-                      to_string(d.op), d.root, d.peer2, d.count2, queued_us);
-        waiting += line;
+        ++queued;  // (no number yet: seq 0; coll the number it will have)
+        append_call(waiting, entry_of(d, 0, every_rank_calls(d.kind) ? ++coll : 0), "queued", queued_us);
       });
     }
     std::snprintf(line, sizeof line, "comm id=%06x name=", static_cast<unsigned>(id_));
@@ -202,19 +188,48 @@ CCLITE_SETUP_CODE_BEGIN  // set-up and dumps: compiled for size (config.hpp)
     out += line;
     for (std::uint64_t i = recorded_ - kept; i < recorded_; ++i) {
       const trace_entry& e = ring_[static_cast<std::size_t>(i % capacity_)];
-      const char* state = e.end_us == 0 ? "running" : e.code == errc::ok ? "done" : "failed";
-      std::snprintf(line, sizeof line,
-                    "call seq=%" PRIu64 " coll=%" PRIu64 " kind=%s count=%" PRIu64 " dtype=%s op=%s root=%d peer2=%d "
-                    "count2=%" PRIu64 " start_us=%" PRId64 " end_us=%" PRId64 " state=%s code=%s\n",
-                    e.seq, e.coll, to_string(e.kind), e.count, to_string(e.type), to_string(e.op), e.root, e.peer2,
-                    e.count2, e.start_us, e.end_us, state, to_string(e.code));
-      out += line;
+      append_call(out, e, e.end_us == 0 ? "running" : e.code == errc::ok ? "done" : "failed", 0);
     }
     out += waiting;
   }
 CCLITE_SETUP_CODE_END
 
  private:
+  // The entry of call `d` (numbers `seq`, `coll`), times left at zero.
+  static trace_entry entry_of(const op_desc& d, std::uint64_t seq, std::uint64_t coll) noexcept {
+    trace_entry e;
+    e.seq = seq;
+    e.coll = coll;
+    e.count = d.count;
+    e.count2 = d.count2;
+    e.root = d.root;
+    e.peer2 = d.peer2;
+    e.kind = d.kind;
+    e.type = d.type;
+    e.op = d.op;
+    return e;
+  }
+
+CCLITE_SETUP_CODE_BEGIN
+  // One "call" line of a dump; `queued_us` (when a call still queued was
+  // issued; 0 for the others) is written when set.
+  static void append_call(std::string& out, const trace_entry& e, const char* state, std::int64_t queued_us) {
+    char line[512];
+    int n = std::snprintf(line, sizeof line,
+                          "call seq=%" PRIu64 " coll=%" PRIu64 " kind=%s count=%" PRIu64 " dtype=%s op=%s root=%d "
+                          "peer2=%d count2=%" PRIu64 " start_us=%" PRId64 " end_us=%" PRId64,
+                          e.seq, e.coll, to_string(e.kind), e.count, to_string(e.type), to_string(e.op), e.root,
+                          e.peer2, e.count2, e.start_us, e.end_us);
+    out.append(line, static_cast<std::size_t>(std::min<int>(n, sizeof line - 1)));
+    if (queued_us != 0) {
+      std::snprintf(line, sizeof line, " queued_us=%" PRId64, queued_us);
+      out += line;
+    }
+    std::snprintf(line, sizeof line, " state=%s code=%s\n", state, to_string(e.code));
+    out += line;
+  }
+CCLITE_SETUP_CODE_END
+
   mutable std::mutex m_;  // before the queue's own lock, never after
   const work_queue* queue_ = nullptr;
   std::unique_ptr<trace_entry[]> ring_;

@@ -90,6 +90,9 @@ inline result<int> trace_signal_number() {
                     "process for its flight recorder file; 0: none)", v);
 }
 
+/// "USR1" / "USR2" (the only signals armed), for messages.
+inline const char* trace_signal_name(int sig) { return sig == SIGUSR1 ? "USR1" : "USR2"; }
+
 /// The dumper thread: a file per wake-up of the pipe (several signals at
 /// once: one file). A plain pthread (no std::thread state to compile).
 inline void* trace_dumper(void*) {
@@ -101,7 +104,7 @@ inline void* trace_dumper(void*) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return nullptr;  // the pipe was closed (not in practice: the thread lives as long as the process)
-    const std::string text = trace_text(std::string(s.signo == SIGUSR1 ? "SIGUSR1" : "SIGUSR2") +
+    const std::string text = trace_text(std::string("SIG") + trace_signal_name(s.signo) +
                                         ": a dump on request (the process went on)");
     if (text.find("\ncomm ") == std::string::npos) {
       // No communicator left (the process is ending, e.g. after a failure):
@@ -142,7 +145,7 @@ inline status arm_trace_signal(int rank, const logger& log) {
   if (!ours && old.sa_handler != SIG_DFL) {
     CCLITE_INFO(log, "flight recorder: SIG%s has a handler of the program's; no dump on that signal (set "
                 "CCLITE_TRACE_SIGNAL=USR2 for another, or call cclite::dump_traces() from the handler's thread)",
-                sig.value() == SIGUSR1 ? "USR1" : "USR2");
+                trace_signal_name(sig.value()));
     return {};
   }
   // A forked child holds copies of its parent's pipe: not its own.
@@ -181,7 +184,7 @@ inline status arm_trace_signal(int rank, const logger& log) {
     ::sigaction(sig.value(), &sa, nullptr);
   }
   CCLITE_INFO(log, "flight recorder: SIG%s writes this process's file on request (kill -%s %d)",
-              sig.value() == SIGUSR1 ? "USR1" : "USR2", sig.value() == SIGUSR1 ? "USR1" : "USR2", pid);
+              trace_signal_name(sig.value()), trace_signal_name(sig.value()), pid);
   return {};
 #endif
 }
