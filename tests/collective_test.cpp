@@ -319,23 +319,25 @@ TEST_CASE("group: sends and receives to every peer progress together, grouped co
 }
 
 TEST_CASE("group: a send nobody receives ends at the deadline, naming the peer") {
-  comm_options o;
-  o.timeout = milliseconds(1500);
   for (net how : {net::shm_only, net::tcp_only}) {
-    run(2, how, [](default_communicator& c, store&) {
-      if (c.rank() == 1) {
-        std::this_thread::sleep_for(std::chrono::seconds(4));  // alive, never receives
+    run(2, how, [](default_communicator& c, store& kv) {
+      // Set-up keeps the default deadline (slow under TSan on a loaded
+      // machine); the call gets 1.5 s.
+      c.set_timeout(milliseconds(1500));
+      if (c.rank() == 1) {  // alive, never receives, until rank 0 has its answer
+        (void)kv.get("test/sent", deadline::after(milliseconds(50000)));
         return 0;
       }
       std::vector<std::uint8_t> big(16u << 20, 1);
       c.group_start();
       MP_REQUIRE_OK(c.send(big.data(), big.size(), dtype::uint8, 1));
       status st = c.group_end();
+      MP_REQUIRE_OK(kv.set("test/sent", "1"));
       MP_CHECK(st.code() == errc::timeout);
       MP_CHECK(st.message().find("group #1") != std::string::npos);
       MP_CHECK(st.message().find("sending to rank 1") != std::string::npos);
       return 0;
-    }, std::chrono::seconds(60), o);
+    }, std::chrono::seconds(60));
   }
 }
 
@@ -451,33 +453,41 @@ TEST_CASE("device hook: calls on its buffers go to it, checked first; host buffe
 }
 
 TEST_CASE("deadline: a rank that never joins the collective gives timeout, not a hang") {
-  ::setenv("CCLITE_TIMEOUT", "1.5", 1);
-  for (net n : {net::shm_only, net::tcp_only}) {
+  // CCLITE_TIMEOUT gives each call's deadline (one rank: no set-up to outlast it).
+  {
     test::temp_dir dir;
     auto r = test::run_ranks(
-        2,
+        1,
         [&](int rank, int sz) {
           auto kv = test::open_dir_store(dir.path);
           auto made = default_communicator::create(*kv, rank, sz);
           MP_REQUIRE_OK(made);
-          auto& c = *made.value();
-          if (rank == 1) {
-            std::this_thread::sleep_for(std::chrono::seconds(4));  // stays alive, never calls
-            return 0;
-          }
-          float v = 1;
-          status st = c.allreduce(&v, 1);
-          MP_CHECK(st.code() == errc::timeout);
-          MP_CHECK(st.message().find("allreduce #1") != std::string::npos);
-          MP_CHECK(st.message().find(c.peer(1).describe() + " did not call") != std::string::npos);
-          // The communicator is now unusable, and says why.
-          MP_CHECK(c.allreduce(&v, 1).code() == errc::timeout);
+          MP_CHECK(made.value()->timeout() == milliseconds(1500));
           return 0;
         },
-        std::chrono::seconds(60), [&](int rank) { test::set_net_env(n, rank, 2); });
+        std::chrono::seconds(60), [](int) { ::setenv("CCLITE_TIMEOUT", "1.5", 1); });
     CHECK(r.all_ok());
   }
-  ::unsetenv("CCLITE_TIMEOUT");
+  // Ranks with that deadline once set up (set-up keeps a long one: slow under
+  // TSan on a loaded machine).
+  for (net n : {net::shm_only, net::tcp_only}) {
+    run(2, n, [](default_communicator& c, store& kv) {
+      c.set_timeout(milliseconds(1500));
+      if (c.rank() == 1) {  // stays alive, never calls, until rank 0 has its answer
+        (void)kv.get("test/answered", deadline::after(milliseconds(50000)));
+        return 0;
+      }
+      float v = 1;
+      status st = c.allreduce(&v, 1);
+      MP_REQUIRE_OK(kv.set("test/answered", "1"));
+      MP_CHECK(st.code() == errc::timeout);
+      MP_CHECK(st.message().find("allreduce #1") != std::string::npos);
+      MP_CHECK(st.message().find(c.peer(1).describe() + " did not call") != std::string::npos);
+      // The communicator is now unusable, and says why.
+      MP_CHECK(c.allreduce(&v, 1).code() == errc::timeout);
+      return 0;
+    }, std::chrono::seconds(60));
+  }
 }
 
 TEST_CASE("abort from another thread unblocks a waiting collective") {

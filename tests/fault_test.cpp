@@ -328,10 +328,11 @@ TEST_CASE("shm-direct's small allreduce: results, barriers, check off, and a ran
       3,
       [&](int rank, int sz) {
         auto kv = test::open_dir_store(dir.path);
-        auto c = test::make_comm(*kv, rank, sz, comm_options{milliseconds(4000)});
+        auto c = test::make_comm(*kv, rank, sz);
         const std::string missing = c->peer(2).describe();
         float v = 1;
         MP_REQUIRE_OK(c->allreduce(&v, 1));  // builds the group
+        c->set_timeout(milliseconds(4000));  // the set-up above may be slow (sanitizers)
         if (rank == 2) {  // alive, never calls again, until both others are done
           auto done = kv->get("test/done/1", deadline::after(milliseconds(50000)));
           done = kv->get("test/done/0", deadline::after(milliseconds(50000)));
@@ -509,9 +510,13 @@ TEST_CASE("timeout: a rank that never calls is named on every rank that waited")
         3,
         [&](int rank, int sz) {
           auto kv = test::open_dir_store(dir.path);
-          // The deadline also bounds set-up, so it must leave room for slow
-          // starts (sanitizer builds on a loaded machine).
-          auto c = test::make_comm(*kv, rank, sz, comm_options{milliseconds(4000)});
+          // Set-up keeps the default deadline: under TSan on a loaded machine
+          // it took over 4 s (CI, Session 27). The calls get 4 s.
+          auto c = test::make_comm(*kv, rank, sz);
+          MP_CHECK(c->timeout() == milliseconds(60000));  // test::make_comm's
+          c->set_timeout(milliseconds(0));
+          MP_CHECK(c->timeout().count() < 0);  // none, as CCLITE_TIMEOUT=0
+          c->set_timeout(milliseconds(4000));
           const std::string missing = c->peer(2).describe();
           if (rank == 2) {  // alive, never calls, until both others are done
             auto done = kv->get("test/done/1", deadline::after(milliseconds(50000)));

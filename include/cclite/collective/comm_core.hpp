@@ -39,7 +39,8 @@ namespace cclite {
 /// Knobs of a communicator; defaults come from the environment.
 struct comm_options {
   /// Bounds every wait (bootstrap, connect, each collective). Default
-  /// CCLITE_TIMEOUT, 30 minutes. Negative = no deadline.
+  /// CCLITE_TIMEOUT, 30 minutes. Negative = no deadline. A communicator's
+  /// set_timeout() changes it for the calls after set-up.
   milliseconds timeout{-2};  // -2: take CCLITE_TIMEOUT
   /// Elements a ring round moves per segment = chunk_bytes / element size.
   /// Default CCLITE_CHUNKSIZE or 512 KiB; must stay at most a quarter of the
@@ -71,6 +72,7 @@ class comm_core {
     return peer == rank_ ? "self" : transports::name(pool_->choice[root(peer)]);
   }
   std::size_t root(int r) const { return static_cast<std::size_t>(root_of_[static_cast<std::size_t>(r)]); }
+  milliseconds timeout() const noexcept { return milliseconds(timeout_ms_.load(std::memory_order_relaxed)); }
   link& link_at(int r) { return pool_->links[root(r)]; }
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
@@ -172,7 +174,9 @@ CCLITE_SETUP_CODE_END
   std::vector<peer_info> peers_;
   topology topo_;
   std::vector<int> root_of_;  // rank here -> rank of the root communicator (pool index)
-  milliseconds timeout_{0};
+  // Each call's deadline (negative: none); communicator::set_timeout() may
+  // change it from another thread while calls run, hence an atomic.
+  std::atomic<std::int64_t> timeout_ms_{0};
   std::size_t chunk_bytes_ = 512 << 10;
   // Reused between calls so that steady-state collectives do not allocate.
   std::vector<std::size_t> scratch_len_, scratch_off_;

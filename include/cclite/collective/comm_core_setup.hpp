@@ -55,7 +55,7 @@ inline status comm_core<Transports...>::init_common(comm_options& opts) {
     if (!t) return t.error();
     opts.timeout = t.value();
   }
-  timeout_ = opts.timeout;
+  timeout_ms_.store(opts.timeout.count(), std::memory_order_relaxed);
   auto chunk = env::get_int("CHUNKSIZE", 512 << 10, false);
   if (!chunk) return chunk.error();
   chunk_bytes_ = opts.chunk_bytes ? opts.chunk_bytes : static_cast<std::size_t>(chunk.value());
@@ -75,7 +75,7 @@ inline status comm_core<Transports...>::init_common(comm_options& opts) {
 template <class... Transports>
 inline status comm_core<Transports...>::init(comm_options opts) {
   CCLITE_TRY(init_common(opts));
-  const deadline until = deadline::after(timeout_);
+  const deadline until = deadline::after(timeout());
 
   // A generation number per communicator built on this store: ranks of the
   // g-th communicator draw counter values in (g*size, (g+1)*size], because
@@ -143,7 +143,7 @@ inline status comm_core<Transports...>::init(comm_options opts) {
 template <class... Transports>
 inline status comm_core<Transports...>::init_child(comm_options opts, std::string prefix, std::string tag) {
   CCLITE_TRY(init_common(opts));
-  const deadline until = deadline::after(timeout_);
+  const deadline until = deadline::after(timeout());
   prefix_ = std::move(prefix);
   tag_ = std::move(tag);
   kv_ = std::make_unique<prefix_store>(user_kv_, prefix_);

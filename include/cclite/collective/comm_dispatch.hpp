@@ -38,7 +38,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
 
  protected:
   using core::rank_; using core::size_; using core::log_; using core::topo_;
-  using core::pool_; using core::comm_id_; using core::timeout_; using core::chunk_bytes_; using core::aborted_;
+  using core::pool_; using core::comm_id_; using core::timeout; using core::chunk_bytes_; using core::aborted_;
   using core::with_links; using core::ensure_links; using core::run_allgather;
   using core::run_rooted_direct; using core::run_alltoall; using core::local_copy;
   using core::select_; using core::check_mismatch_; using core::hdr_; using core::coll_seq_;
@@ -49,6 +49,8 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
 
   /// Aborts the hierarchical children too (their own flag: they may outlive us).
   void abort_children() noexcept { hier_.abort(); }
+  /// Gives the hierarchical children this communicator's deadline (set_timeout()).
+  void timeout_children(milliseconds t) noexcept { hier_.set_timeout(t); }
 
   status execute(const op_desc& d) override {
     const std::uint64_t seq = ++seq_;
@@ -81,7 +83,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     // One deadline for the whole call (waiting for the family's links
     // included), read from the clock once: at 8 bytes a clock read is ~5% of
     // the call (kvm-clock, 26 ns).
-    const deadline until = deadline::after(timeout_);
+    const deadline until = deadline::after(timeout());
     std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
     if (!nested_) {
       status st = hold_links(hold, until);
@@ -317,7 +319,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     CCLITE_TRY(hier_.built() ? this->settle_checks(until) : this->agree_on_call(until));
     if (!hier_.built()) {
       comm_options o;
-      o.timeout = timeout_;
+      o.timeout = timeout();
       o.chunk_bytes = chunk_bytes_;
       CCLITE_TRY(hier_.build(topo_, rank_, log_, [&](const std::vector<int>& ranks, const std::string& where) {
         return static_cast<Comm*>(this)->make_child(ranks, where, o, true);

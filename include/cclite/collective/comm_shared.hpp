@@ -50,7 +50,7 @@ class comm_shared : public comm_algorithms<Transports...> {
 
  protected:
   using core::rank_; using core::size_; using core::log_; using core::peers_; using core::tag_;
-  using core::timeout_; using core::aborted_; using core::pool_; using core::select_; using core::hdr_;
+  using core::timeout; using core::aborted_; using core::pool_; using core::select_; using core::hdr_;
   using direct_t = typename first_direct<Transports...>::type;
   static constexpr bool has_direct = !std::is_void_v<direct_t>;
   using group_t = std::conditional_t<has_direct, direct_t, int>;  // int: a placeholder without shm
@@ -79,7 +79,7 @@ class comm_shared : public comm_algorithms<Transports...> {
         return make_error(errc::unsupported, "alloc_shared: the ranks of this communicator do not all share one node "
                           "over shared-memory links (%d node(s))", this->topo_.node_count());
       if (bytes == 0) return make_error(errc::invalid_argument, "alloc_shared: 0 bytes");
-      const deadline until = deadline::after(timeout_);
+      const deadline until = deadline::after(timeout());
       std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
       CCLITE_TRY(hold_links(hold, until));
       auto spin = spin_from_env();

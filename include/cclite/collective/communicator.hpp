@@ -56,7 +56,7 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   friend core;  // builds the hierarchical children through make_child()
   using core::rank_; using core::size_; using core::log_; using core::topo_; using core::peers_;
   using core::pool_; using core::root_of_; using core::prefix_; using core::tag_;
-  using core::timeout_; using core::chunk_bytes_; using core::aborted_;
+  using core::timeout_ms_; using core::chunk_bytes_; using core::aborted_;
   using core::select_; using core::has_direct; using core::direct_bytes_; using core::hold_links;
   using core::small_direct_max; using core::nested_;
 
@@ -344,6 +344,21 @@ CCLITE_SETUP_CODE_END
   /// Whether a call of this communicator, or of one sharing its links (split()
   /// parent or children), failed fatally; every later call reports it.
   bool failed() const noexcept { return pool_->failed.load(); }
+
+  /// The deadline of each call (comm_options::timeout or CCLITE_TIMEOUT at
+  /// creation, or what set_timeout() gave; negative: none).
+  using core::timeout;
+  /// Changes the deadline of this communicator's later calls; zero or
+  /// negative: none. As PyTorch's _set_pg_timeout: a long deadline for the
+  /// set-up and the first steps (slow starts, data loading, sanitizer builds),
+  /// a short one once the job runs, so a lost or stuck rank is reported in
+  /// seconds. Safe from any thread; a call already running keeps the deadline
+  /// it started with. The hierarchical allreduce's children follow it; dup()
+  /// and split() results made later start with it, those made before keep theirs.
+  void set_timeout(milliseconds t) noexcept {
+    timeout_ms_.store(t.count() > 0 ? t.count() : -1, std::memory_order_relaxed);
+    this->timeout_children(timeout());
+  }
 
   /// Makes every running and future call on this communicator return
   /// errc::aborted (within ~50 ms), and on every communicator sharing its

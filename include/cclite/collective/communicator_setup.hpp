@@ -64,13 +64,13 @@ inline auto communicator<Transports...>::split(int color, int key, comm_options 
   // The child connects through the shared links: not while another thread
   // runs a collective of this family over them.
   std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
-  CCLITE_TRY(hold_links(hold, deadline::after(timeout_)));
+  CCLITE_TRY(hold_links(hold, deadline::after(timeout())));
   return make_child(ranks, where, std::move(opts), false);
 }
 
 template <class... Transports>
 inline auto communicator<Transports...>::dup(comm_options opts) -> result<std::unique_ptr<communicator>> {
-  if (opts.timeout.count() == -2) opts.timeout = timeout_;
+  if (opts.timeout.count() == -2) opts.timeout = timeout();
   if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
   opts.store_prefix = prefix_ + "dup" + std::to_string(++dups_);
   return create(core::user_kv_, rank_, size_, std::move(opts));
@@ -132,7 +132,7 @@ inline auto communicator<Transports...>::make_child(const std::vector<int>& rank
     if (ranks[i] == rank_) new_rank = static_cast<int>(i);
   }
   if (new_rank < 0) return make_error(errc::invalid_argument, "communicator: this rank is not a member of %s", where.c_str());
-  if (opts.timeout.count() == -2) opts.timeout = timeout_;
+  if (opts.timeout.count() == -2) opts.timeout = timeout();
   if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
   std::unique_ptr<communicator> c(new communicator(pool_, std::move(roots), new_rank));
   c->nested_ = nested;

@@ -100,6 +100,11 @@ CCLITE_SETUP_CODE_END
     for (auto& child : raw_)
       if (Comm* c = child.load()) c->abort();
   }
+  /// Gives both children the deadline `t` (as Comm::set_timeout(); any thread).
+  void set_timeout(milliseconds t) noexcept {
+    for (auto& child : raw_)
+      if (Comm* c = child.load()) c->set_timeout(t);
+  }
 
  private:
   static status step(const char* what, status st) {
@@ -110,7 +115,7 @@ CCLITE_SETUP_CODE_END
   }
 
   std::unique_ptr<Comm> node_, cross_;
-  std::atomic<Comm*> raw_[2] = {};  // for abort() from another thread
+  std::atomic<Comm*> raw_[2] = {};  // for abort() and set_timeout() from another thread
 };
 
 }  // namespace cclite::detail
