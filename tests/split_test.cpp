@@ -286,24 +286,27 @@ TEST_CASE("dup: connections of its own; parent and dup driven from two threads i
   dup_from_two_threads(4, net::mixed);
 }
 
-// A dup() takes the parent's timeout: rank 1 never calls, so rank 0's call on
-// the dup ends in errc::timeout after the parent's 1.5 s, long before rank 1
-// leaves at 8 s (with the default timeout it would end in peer_lost then).
+// A dup() takes the parent's timeout, as set_timeout() left it: rank 1 never
+// calls, so rank 0's call on the dup ends in errc::timeout after 5 s (with
+// make_comm's 60 s it would end in peer_lost when rank 1 gives up waiting for
+// rank 0's answer, after 50 s). Set-up keeps the longer deadline: slow under
+// TSan on a loaded machine.
 TEST_CASE("dup: the parent's timeout carries over") {
   test::temp_dir dir;
   run(2, net::shm_only, "", [&](int rank, int n) {
     auto kv = test::open_dir_store(dir.path);
-    comm_options o;
-    o.timeout = milliseconds(1500);
-    auto c = test::make_comm(*kv, rank, n, o);
+    auto c = test::make_comm(*kv, rank, n);
+    c->set_timeout(milliseconds(5000));
     auto d = c->dup();
     MP_REQUIRE_OK(d);
+    MP_CHECK(d.value()->timeout() == milliseconds(5000));
     if (rank == 1) {
-      std::this_thread::sleep_for(std::chrono::seconds(8));
+      (void)kv->get("test/answered", deadline::after(milliseconds(50000)));
       return 0;
     }
     std::int32_t x = 1, y = 0;
     status st = d.value()->allreduce(&x, &y, 1, reduce_op::sum);
+    MP_REQUIRE_OK(kv->set("test/answered", "1"));
     std::fprintf(stderr, "rank 0: %s\n", st.to_string().c_str());
     MP_CHECK(st.code() == errc::timeout);
     return 0;
