@@ -18,6 +18,10 @@
 #     Debian 13 root of scripts/torch2-root.sh, which has no libasan/libtsan;
 #     it is left out (-E).
 #   - the GPU tests skip without a device, as in the ordinary build.
+#   - under TSan, allreduce_test's matrix (every dtype, op and size up to MiBs
+#     on 1-8 ranks) did not finish in 30 min here (Session 27: no case had
+#     failed or hit its hang guard when ctest stopped it); it is left out
+#     there, its paths run in collective_test, fault_test and the ASan run.
 set -euo pipefail
 san=${1:-address,undefined}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,4 +35,6 @@ cmake -S "$root" -B "$bin" -DCCLITE_SANITIZE="$san" -DCMAKE_BUILD_TYPE=RelWithDe
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g" -DCCLITE_SANITIZE_TESTS=OFF \
   -DCCLITE_EMBEDDED_TESTS=OFF -DCCLITE_HEADER_CHECK=OFF -DCCLITE_TEST_TIMEOUT=1800 >/dev/null
 cmake --build "$bin" -j2
-env "${opts[@]}" ctest --test-dir "$bin" --output-on-failure -j2 -E '^torchrun_launch_torch2$'
+skip='^torchrun_launch_torch2$'
+case $san in *thread*) skip="$skip|^allreduce_test$" ;; esac
+env "${opts[@]}" ctest --test-dir "$bin" --output-on-failure -j2 -E "$skip"
