@@ -452,7 +452,7 @@ TEST_CASE("CCLITE_TRACE_SIGNAL: a program's own handler is kept, 0 installs none
   SUBCASE("a bad value fails create() and names the variable") { check_refused("8", "HUP", "CCLITE_TRACE_SIGNAL='HUP'"); }
 }
 
-TEST_CASE("a request that comes when no communicator is left keeps the file the process wrote before, touched") {
+TEST_CASE("a request's file names the dump before it; with no communicator left, that file is kept, written anew") {
   test::temp_dir dir;
   auto r = test::run_ranks(1, [&](int, int) {
     ::setenv("CCLITE_TRACE_BUFFER", "8", 1);
@@ -463,18 +463,27 @@ TEST_CASE("a request that comes when no communicator is left keeps the file the 
     MP_REQUIRE(c->allreduce(&x, 1).ok());
     auto path = dump_traces("the failure's dump");
     MP_REQUIRE_OK(path);
+    // A request replaces that file (the communicator lives): its reason stays.
+    ::raise(SIGUSR1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the dumper's turn
+    MP_CHECK(has(slurp(path.value()), "reason=SIGUSR1: a dump on request (the process went on); "
+                                      "the last dump before it: the failure's dump\n"));
+    path = dump_traces("the failure's dump");  // as a failure would leave it
+    MP_REQUIRE_OK(path);
     c.reset();  // the program is ending: its communicator is gone
     struct stat before {}, after {};
     MP_REQUIRE(::stat(path.value().c_str(), &before) == 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // past the file clock's granularity
+    const std::string was = slurp(path.value());
     ::raise(SIGUSR1);
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the dumper's turn
     const std::string t = slurp(path.value());
+    MP_CHECK(t == was);
     MP_CHECK(has(t, "reason=the failure's dump\n"));
     MP_CHECK(has(t, "kind=allreduce count=1 dtype=int32"));
-    // ... and touched: cclite-run, waiting for an answer, sees its time change.
+    // ... as a new file: cclite-run, waiting for an answer, sees another inode
+    // (a touch could keep the time where file times are coarse).
     MP_REQUIRE(::stat(path.value().c_str(), &after) == 0);
-    MP_CHECK((after.st_mtim.tv_sec != before.st_mtim.tv_sec || after.st_mtim.tv_nsec != before.st_mtim.tv_nsec));
+    MP_CHECK(after.st_ino != before.st_ino);
     return 0;
   });
   CHECK(r.all_ok());

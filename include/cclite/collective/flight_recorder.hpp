@@ -84,6 +84,7 @@ class flight_recorder;
 struct trace_registry {
   std::mutex m;
   flight_recorder* first = nullptr;
+  std::string last_reason;  // of the last dump_traces() (a failure's, usually)
 };
 inline trace_registry& trace_recorders() {
   static trace_registry r;
@@ -316,6 +317,11 @@ inline result<std::string> write_trace_file(const std::string& text) {
 /// path. Communicators call it when one of their calls fails for good; a
 /// program may call it itself (e.g. from its own watchdog thread).
 inline result<std::string> dump_traces(const std::string& reason) {
+  {
+    detail::trace_registry& r = detail::trace_recorders();
+    std::lock_guard<std::mutex> g(r.m);
+    r.last_reason = reason;  // a dump on request later names it (trace_signal.hpp)
+  }
   return detail::write_trace_file(trace_text(reason));
 }
 CCLITE_SETUP_CODE_END

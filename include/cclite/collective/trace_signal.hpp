@@ -28,7 +28,6 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -93,6 +92,26 @@ inline result<int> trace_signal_number() {
 /// "USR1" / "USR2" (the only signals armed), for messages.
 inline const char* trace_signal_name(int sig) { return sig == SIGUSR1 ? "USR1" : "USR2"; }
 
+/// The contents of `path` into `out`; false if it cannot be read.
+inline bool read_whole_file(const std::string& path, std::string& out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[4096];
+  bool ok = true;
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ok = false;
+      break;
+    }
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return ok;
+}
+
 /// The dumper thread: a file per wake-up of the pipe (several signals at
 /// once: one file). A plain pthread (no std::thread state to compile).
 inline void* trace_dumper(void*) {
@@ -104,15 +123,24 @@ inline void* trace_dumper(void*) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return nullptr;  // the pipe was closed (not in practice: the thread lives as long as the process)
-    const std::string text = trace_text(std::string("SIG") + trace_signal_name(s.signo) +
-                                        ": a dump on request (the process went on)");
+    // The file replaces the one a failure wrote, whose reason line would be
+    // lost with it (the failed call itself stays in the file): it is kept.
+    std::string why = std::string("SIG") + trace_signal_name(s.signo) + ": a dump on request (the process went on)";
+    {
+      trace_registry& r = trace_recorders();
+      std::lock_guard<std::mutex> g(r.m);
+      if (!r.last_reason.empty()) why += "; the last dump before it: " + r.last_reason;
+    }
+    const std::string text = trace_text(why);
     if (text.find("\ncomm ") == std::string::npos) {
       // No communicator left (the process is ending, e.g. after a failure):
       // an empty file would replace the one its failure wrote. That one is
-      // touched instead, which tells a waiting cclite-run the request was
-      // answered (trace_request.hpp).
+      // written again as it is, a new file, which tells a waiting cclite-run
+      // the request was answered (trace_request.hpp: a new inode; a touch
+      // could be missed where file times are coarse).
       CCLITE_INFO(lg, "flight recorder: asked for a file with no communicator alive; the last file stays");
-      ::utimensat(AT_FDCWD, trace_file_path().c_str(), nullptr, 0);
+      std::string kept;
+      if (read_whole_file(trace_file_path(), kept)) (void)write_trace_file(kept);
       continue;
     }
     auto path = write_trace_file(text);
