@@ -31,7 +31,7 @@ set_target_properties(cclite_fake_nvml PROPERTIES CXX_VISIBILITY_PRESET default)
 add_dependencies(cuda_test cclite_fake_nvml)
 target_compile_definitions(cuda_test PRIVATE CCLITE_TEST_FAKE_NVML="$<TARGET_FILE:cclite_fake_nvml>")
 add_test(NAME cuda_test COMMAND cuda_test)
-set_tests_properties(cuda_test PROPERTIES TIMEOUT 300 LABELS "gpu")
+set_tests_properties(cuda_test PROPERTIES TIMEOUT ${CCLITE_TEST_TIMEOUT} LABELS "gpu")
 
 # Device kernels: compiled by nvcc (every dtype x op of reduce_kernels.cuh).
 if(CCLITE_CUDA_LANGUAGE)
@@ -88,7 +88,7 @@ if(TARGET cclite::shm)
   # reading a result its stream has not produced yet gives wrong bytes there.
   add_test(NAME device_comm_emulated_async COMMAND device_comm_emulated)
   set_tests_properties(device_comm_emulated_async PROPERTIES ENVIRONMENT CCLITE_EMULATED_ASYNC=1)
-  set_tests_properties(device_comm_emulated device_comm_emulated_async PROPERTIES TIMEOUT 300 LABELS "gpu")
+  set_tests_properties(device_comm_emulated device_comm_emulated_async PROPERTIES TIMEOUT ${CCLITE_TEST_TIMEOUT} LABELS "gpu")
   # data_parallel on device gradients the same way, its cuBLAS calls on the host too.
   add_library(cclite_emulated_cublas SHARED ${CMAKE_CURRENT_LIST_DIR}/emulated_cublas.cpp)
   target_include_directories(cclite_emulated_cublas PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
@@ -102,7 +102,7 @@ if(TARGET cclite::shm)
   add_test(NAME data_parallel_emulated COMMAND data_parallel_emulated)
   add_test(NAME data_parallel_emulated_async COMMAND data_parallel_emulated)
   set_tests_properties(data_parallel_emulated_async PROPERTIES ENVIRONMENT CCLITE_EMULATED_ASYNC=1)
-  set_tests_properties(data_parallel_emulated data_parallel_emulated_async PROPERTIES TIMEOUT 300 LABELS "gpu")
+  set_tests_properties(data_parallel_emulated data_parallel_emulated_async PROPERTIES TIMEOUT ${CCLITE_TEST_TIMEOUT} LABELS "gpu")
   # The two whole GPU programs the same way, 2 ranks through cclite-run: the
   # README's device sample must print "correct" on both native paths, and
   # device_allreduce_perf's check sweep must report #wrong 0 (its times are the

@@ -54,6 +54,6 @@ if(TARGET cclite_verbs AND TARGET cclite_shm AND TARGET cclite_tcp)
   set(emulated_ibv_dir ${CMAKE_CURRENT_BINARY_DIR}/emulated_ibverbs)
   file(MAKE_DIRECTORY ${emulated_ibv_dir})
   set_tests_properties(verbs_emulated_test collectives_verbs_emulated fault_verbs_emulated group_verbs_emulated
-    PROPERTIES TIMEOUT 300
+    PROPERTIES TIMEOUT ${CCLITE_TEST_TIMEOUT}
     ENVIRONMENT "CCLITE_EMULATED_IBV_DIR=${emulated_ibv_dir};CCLITE_DEBUG=INFO;CCLITE_IB_TIMEOUT=12")
 endif()
