@@ -84,7 +84,8 @@ class flight_recorder;
 struct trace_registry {
   std::mutex m;
   flight_recorder* first = nullptr;
-  std::string last_reason;  // of the last dump_traces() (a failure's, usually)
+  std::string last_reason;  // of the last dump_traces() (a failure's, usually) ...
+  pid_t last_reason_pid = 0;  // ... by this process, not the parent it was forked from
 };
 inline trace_registry& trace_recorders() {
   static trace_registry r;
@@ -321,6 +322,7 @@ inline result<std::string> dump_traces(const std::string& reason) {
     detail::trace_registry& r = detail::trace_recorders();
     std::lock_guard<std::mutex> g(r.m);
     r.last_reason = reason;  // a dump on request later names it (trace_signal.hpp)
+    r.last_reason_pid = ::getpid();
   }
   return detail::write_trace_file(trace_text(reason));
 }

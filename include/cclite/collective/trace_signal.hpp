@@ -129,7 +129,7 @@ inline void* trace_dumper(void*) {
     {
       trace_registry& r = trace_recorders();
       std::lock_guard<std::mutex> g(r.m);
-      if (!r.last_reason.empty()) why += "; the last dump before it: " + r.last_reason;
+      if (!r.last_reason.empty() && r.last_reason_pid == ::getpid()) why += "; the last dump before it: " + r.last_reason;
     }
     const std::string text = trace_text(why);
     if (text.find("\ncomm ") == std::string::npos) {
