@@ -289,8 +289,8 @@ TEST_CASE("dup: connections of its own; parent and dup driven from two threads i
 // A dup() takes the parent's timeout, as set_timeout() left it: rank 1 never
 // calls, so rank 0's call on the dup ends in errc::timeout after 5 s (with
 // make_comm's 60 s it would end in peer_lost when rank 1 gives up waiting for
-// rank 0's answer, after 50 s). Set-up keeps the longer deadline: slow under
-// TSan on a loaded machine.
+// rank 0's answer, after 50 s). The parent's set-up keeps make_comm's 60 s
+// (slow under TSan on a loaded machine); the dup's own set-up gets the 5 s.
 TEST_CASE("dup: the parent's timeout carries over") {
   test::temp_dir dir;
   run(2, net::shm_only, "", [&](int rank, int n) {
