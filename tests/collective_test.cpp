@@ -468,6 +468,28 @@ TEST_CASE("deadline: a rank that never joins the collective gives timeout, not a
         std::chrono::seconds(60), [](int) { ::setenv("CCLITE_TIMEOUT", "1.5", 1); });
     CHECK(r.all_ok());
   }
+  // A zero timeout means none, in the options as in CCLITE_TIMEOUT=0 and
+  // set_timeout(0): set-up and a call that waits 300 ms for its peer succeed.
+  {
+    test::temp_dir dir;
+    auto r = test::run_ranks(2, [&](int rank, int sz) {
+      auto kv = test::open_dir_store(dir.path);
+      comm_options o;
+      o.timeout = milliseconds(0);
+      auto made = default_communicator::create(*kv, rank, sz, o);
+      MP_REQUIRE_OK(made);
+      default_communicator& c = *made.value();
+      MP_CHECK(c.timeout() == milliseconds(-1));
+      if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      float v = 1;
+      MP_REQUIRE_OK(c.allreduce(&v, 1));
+      MP_CHECK(v == 2.0f);
+      c.set_timeout(milliseconds(0));
+      MP_CHECK(c.timeout() == milliseconds(-1));
+      return 0;
+    });
+    CHECK(r.all_ok());
+  }
   // Ranks with that deadline once set up (set-up keeps a long one: slow under
   // TSan on a loaded machine).
   for (net n : {net::shm_only, net::tcp_only}) {

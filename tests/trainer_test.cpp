@@ -122,6 +122,10 @@ int train_loop(Raw& raw, DpComm& dpc, const run_cfg& cfg, int* collectives_in_no
   auto made = train::data_parallel<DpComm>::create(dpc, net.parameters(), o);
   MP_REQUIRE_OK(made);
   auto& ddp = made.value();
+  // Unset, the wait bound follows a communicator's own timeout(); a wrapper
+  // without one gets CCLITE_TIMEOUT at create().
+  if constexpr (train::detail::has_timeout<DpComm>::value) MP_CHECK(ddp.options().timeout.count() == -2);
+  else MP_CHECK(ddp.options().timeout == env::timeout().value());
   const std::size_t nb = cfg.split ? 4 : 3;
   MP_REQUIRE(ddp.buckets().buckets.size() == nb);
   train::sgd opt(net.parameters(), {lr, momentum, 0.0f, false});

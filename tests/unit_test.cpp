@@ -329,6 +329,14 @@ TEST_CASE("env: CCLITE_ first, NCCL_ as fallback, malformed values are errors") 
   CHECK_FALSE(env::timeout().ok());
   ::unsetenv("CCLITE_TIMEOUT");
   CHECK(env::timeout().value().count() == env::default_timeout_seconds * 1000);
+  // A timeout option: -2 (unset) is CCLITE_TIMEOUT; zero or negative is none.
+  CHECK(env::timeout_option(milliseconds(-2)).value().count() == env::default_timeout_seconds * 1000);
+  CHECK(env::timeout_option(milliseconds(0)).value().count() == -1);
+  CHECK(env::timeout_option(milliseconds(-7)).value().count() == -1);
+  CHECK(env::timeout_option(milliseconds(40)).value().count() == 40);
+  ::setenv("CCLITE_TIMEOUT", "0", 1);
+  CHECK(env::timeout_option(milliseconds(-2)).value().count() == -1);
+  ::unsetenv("CCLITE_TIMEOUT");
   CHECK(parse_log_level("info") == log_level::info);
   CHECK(parse_log_level("TRACE") == log_level::trace);
   CHECK(parse_log_level(nullptr) == log_level::warn);

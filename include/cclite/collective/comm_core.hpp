@@ -39,7 +39,7 @@ namespace cclite {
 /// Knobs of a communicator; defaults come from the environment.
 struct comm_options {
   /// Bounds every wait (bootstrap, connect, each collective). Default
-  /// CCLITE_TIMEOUT, 30 minutes. Negative = no deadline. A communicator's
+  /// CCLITE_TIMEOUT, 30 minutes. Zero or negative = no deadline. A communicator's
   /// set_timeout() changes it for the calls after set-up.
   milliseconds timeout{-2};  // -2: take CCLITE_TIMEOUT
   /// Elements a ring round moves per segment = chunk_bytes / element size.

@@ -50,11 +50,9 @@ namespace detail {
 // What roots and children set up alike.
 template <class... Transports>
 inline status comm_core<Transports...>::init_common(comm_options& opts) {
-  if (opts.timeout.count() == -2) {
-    auto t = env::timeout();
-    if (!t) return t.error();
-    opts.timeout = t.value();
-  }
+  auto t = env::timeout_option(opts.timeout);
+  if (!t) return t.error();
+  opts.timeout = t.value();
   timeout_ms_.store(opts.timeout.count(), std::memory_order_relaxed);
   auto chunk = env::get_int("CHUNKSIZE", 512 << 10, false);
   if (!chunk) return chunk.error();

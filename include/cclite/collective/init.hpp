@@ -73,11 +73,9 @@ template <class Comm>
 result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
   auto li = detect_launch();
   if (!li) return li.error();
-  if (opts.timeout.count() == -2) {
-    auto t = env::timeout();
-    if (!t) return t.error();
-    opts.timeout = t.value();
-  }
+  auto t = env::timeout_option(opts.timeout);
+  if (!t) return t.error();
+  opts.timeout = t.value();
   const deadline until = deadline::after(opts.timeout);
   env_communicator<Comm> out;
   out.launch_ = li.value();

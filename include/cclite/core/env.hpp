@@ -111,6 +111,13 @@ inline result<milliseconds> timeout() {
   return milliseconds(static_cast<std::int64_t>(s * 1000.0));
 }
 
+/// A timeout option resolved: -2 (the options' "unset") takes CCLITE_TIMEOUT,
+/// zero or negative means none (-1), as CCLITE_TIMEOUT=0 and set_timeout(0) do.
+inline result<milliseconds> timeout_option(milliseconds given) {
+  if (given.count() == -2) return timeout();
+  return given.count() > 0 ? given : milliseconds(-1);
+}
+
 /// This machine's host name (gethostname), `fallback` when it cannot be read.
 inline std::string host_name(const char* fallback = "unknown") {
   char host[256] = {0};

@@ -111,8 +111,10 @@ class data_parallel : private detail::dp_core<Comm> {
   /// and `comm` must outlive the wrapper; parameter gradients are rebound to
   /// the wrapper's buckets (and back to their own storage by the destructor).
   static result<data_parallel> create(Comm& comm, parameter_list params, dp_options opts = {}) {
-    if (opts.timeout.count() == -2) {
-      auto t = env::timeout();
+    // Unset, the timeout follows the communicator's (dp_core::wait_timeout);
+    // a communicator type without one gets CCLITE_TIMEOUT now.
+    if (opts.timeout.count() != -2 || !detail::has_timeout<Comm>::value) {
+      auto t = env::timeout_option(opts.timeout);
       if (!t) return t.error();
       opts.timeout = t.value();
     }
@@ -200,7 +202,8 @@ class data_parallel : private detail::dp_core<Comm> {
   /// leave the gradients alone, because its step reduces them itself.
   void defer_reduction(bool on) noexcept { deferred_ = on; }
   bool reduction_deferred() const noexcept { return deferred_; }
-  /// The communicator and the options (after create(): the timeout resolved).
+  /// The communicator and the options (after create(): the timeout resolved,
+  /// or -2 while it follows the communicator's timeout()).
   Comm& communicator() const noexcept { return *comm_; }
   const dp_options& options() const noexcept { return opts_; }
 
@@ -293,7 +296,7 @@ class data_parallel : private detail::dp_core<Comm> {
                                                      st.message());
                    });
     if (flag_issued_) {
-      status st = flag_slot_.w.wait(opts_.timeout);
+      status st = flag_slot_.w.wait(wait_timeout());
       if (!st.ok() && first.ok())
         first = status(st.code(), "data_parallel: allreduce of the ranks still training: " + st.message());
       active_ranks_ = static_cast<int>(*flag_);
@@ -365,7 +368,7 @@ class data_parallel : private detail::dp_core<Comm> {
   using core::marked_; using core::flag_; using core::flag_slot_; using core::flag_issued_;
   using core::check_shapes; using core::broadcast_values; using core::build_buckets; using core::unbind;
   using core::reset_step; using core::issue_flag; using core::launch_ready; using core::poll_done;
-  using core::finish_buckets; using core::drain;
+  using core::finish_buckets; using core::drain; using core::wait_timeout;
 
   data_parallel(Comm& comm, parameter_list params, dp_options opts) : core(comm, std::move(params), opts) {}
 

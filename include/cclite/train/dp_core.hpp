@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -30,6 +31,12 @@
 #include <cclite/train/parameter.hpp>
 
 namespace cclite::train::detail {
+
+// Whether a communicator type has a deadline of its own (communicator<...>::timeout()).
+template <class C, class = void>
+struct has_timeout : std::false_type {};
+template <class C>
+struct has_timeout<C, std::void_t<decltype(std::declval<const C&>().timeout())>> : std::true_type {};
 
 template <class Comm>
 class dp_core {
@@ -76,6 +83,14 @@ class dp_core {
     return *this;
   }
   ~dp_core() = default;
+
+  // The bound of a wait on a bucket: the communicator's deadline as it is now
+  // (so comm.set_timeout() after create() applies) while the option is unset.
+  milliseconds wait_timeout() const noexcept {
+    if constexpr (has_timeout<Comm>::value)
+      if (opts_.timeout.count() == -2) return comm_->timeout();
+    return opts_.timeout;
+  }
 
   // Notes which issued buckets have finished; true if all of them have.
   bool poll_done() {
@@ -232,7 +247,7 @@ class dp_core {
     outcome(last, reduce_inline(last));
     // Issue order is completion order (one queue), so these are done or nearly.
     for (std::size_t b = 0; b < last; ++b) {
-      status st = slots_[b].w.wait(opts_.timeout);
+      status st = slots_[b].w.wait(wait_timeout());
       if (st.ok()) unpack(b);
       outcome(b, st);
     }

@@ -23,7 +23,10 @@ struct dp_options {
   /// Cap of the first bucket (the last layers' gradients), small so the first
   /// allreduce starts early (DDP: 1 MiB).
   std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
-  /// Bounds each wait in synchronize(); -2 = CCLITE_TIMEOUT (default 30 min).
+  /// Bounds each wait in synchronize(). -2 (unset): the communicator's own
+  /// deadline as it stands at each wait, so comm.set_timeout() after create()
+  /// applies (CCLITE_TIMEOUT, default 30 min, for a communicator type without
+  /// timeout()); zero or negative: none.
   milliseconds timeout{-2};
   /// Broadcast rank 0's parameter values in create() (DDP always does).
   bool broadcast_parameters = true;

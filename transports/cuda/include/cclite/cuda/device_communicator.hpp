@@ -73,7 +73,8 @@
 // engine's errors otherwise. A failed collective in a host function is reported
 // by the next call and by synchronize(); after it the object is unusable (as
 // the communicator). Every wait is bounded by the CPU communicator's timeout
-// (CCLITE_TIMEOUT). Thread safety: one thread at a time, like the communicator.
+// as it is at create() (its timeout(): comm_options, CCLITE_TIMEOUT or
+// set_timeout()). Thread safety: one thread at a time, like the communicator.
 //
 // Set-up members (create, init) are defined in device_communicator_setup.hpp;
 // the blocking forms and the call path (enqueue, routed) in

@@ -45,8 +45,8 @@ inline auto device_communicator<Comm>::create(Comm& host, device_options o)
   }
   int dev = o.device >= 0 ? o.device : host.local_rank() % count.value();
   CCLITE_TRY(set_device(dev));
-  auto to = env::timeout();
-  if (!to) return to.error();
+  // The host communicator's deadline (its options, CCLITE_TIMEOUT or set_timeout()).
+  const milliseconds to = host.timeout();
   const char* choice = o.backend ? o.backend : env::raw("GPU_BACKEND", false);
   std::string c = choice ? choice : "";
   for (auto& ch : c) ch = static_cast<char>(ch >= 'A' && ch <= 'Z' ? ch | 0x20 : ch);
@@ -60,7 +60,7 @@ inline auto device_communicator<Comm>::create(Comm& host, device_options o)
     CCLITE_TRY(host.allreduce(&own, &own, 1, dtype::int64, reduce_op::min));
     if (own == 0) engine = gpu_backend::native;
   }
-  std::unique_ptr<device_communicator> d(new device_communicator(host, dev, engine, to.value(), o));
+  std::unique_ptr<device_communicator> d(new device_communicator(host, dev, engine, to, o));
   CCLITE_TRY(d->init());
   return result<std::unique_ptr<device_communicator>>(std::move(d));
 }

@@ -46,7 +46,7 @@ struct options {
   /// CUDA device of this rank; -1: LOCAL_RANK (CCLITE_LOCAL_RANK first) modulo the
   /// device count, else device 0.
   int device = -1;
-  /// Bound on init and on every wait; -2: CCLITE_TIMEOUT; -1: none.
+  /// Bound on init and on every wait; -2: CCLITE_TIMEOUT; zero or negative: none.
   milliseconds timeout{-2};
   /// Store key of this communicator's unique id; one per communicator on a store.
   std::string key = "cclite/nccl/unique_id";
@@ -90,12 +90,9 @@ class backend : detail::driver {
     if (size < 1 || rank < 0 || rank >= size) {
       return make_error(errc::invalid_argument, "nccl::backend: rank %d of size %d", rank, size);
     }
-    to = opts.timeout;
-    if (to.count() == -2) {
-      auto t = env::timeout();
-      if (!t) return t.error();
-      to = t.value();
-    }
+    auto t = env::timeout_option(opts.timeout);
+    if (!t) return t.error();
+    to = t.value();
     auto count = cuda::device_count();
     if (!count) {
       return make_error(count.error().code(), "nccl::backend rank %d: %s", rank,
