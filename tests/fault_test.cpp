@@ -503,6 +503,101 @@ TEST_CASE("a rank lost before a call that connects links on first use: the survi
   }
 }
 
+TEST_CASE("point to point: a first connection to a lost rank is peer_lost, not a wait for the deadline") {
+  // Rank 2 receives from rank 0, which is not its ring neighbour: their link
+  // is connected by this first call, with rank 2 waiting for rank 0 to
+  // connect. Rank 0 is gone: over tcp its listener refuses rank 2's probes
+  // (listener_probe.hpp), over shm its pid is watched. The deadline is 600 s;
+  // the 60 s hang guard catches a survivor that waits it out.
+#if defined(CCLITE_DEFAULT_WITH_VERBS)
+  // fault_verbs_emulated: "tcp" peers are verbs peers there, whose first
+  // connection waits for the queue pair in the store, bounded only by the
+  // deadline (README, Failure behaviour).
+  const net nets[] = {net::shm_only};
+#else
+  const net nets[] = {net::tcp_only, net::shm_only};
+#endif
+  for (net n : nets) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        4,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz, comm_options{milliseconds(600000)});
+          const std::string victim = c->peer(0).describe();
+          MP_REQUIRE_OK(c->barrier());  // everybody's set-up is done
+          if (rank == 0) ::raise(SIGKILL);
+          if (rank != 2) {  // idle, alive, until rank 2 has its answer
+            (void)kv->get("test/answered", deadline::after(milliseconds(50000)));
+            return 0;
+          }
+          std::vector<float> v(1000);
+          status st = c->recv(v.data(), v.size(), dtype::float32, 0);
+          MP_REQUIRE_OK(kv->set("test/answered", "1"));
+          if (st.code() != errc::peer_lost || !contains(st, victim))
+            std::fprintf(stderr, "rank 2 over %s: expected peer_lost naming %s, got %s\n", test::to_string(n).c_str(),
+                         victim.c_str(), st.to_string().c_str());
+          MP_CHECK(st.code() == errc::peer_lost);
+          MP_CHECK(contains(st, victim));
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) { test::set_net_env(n, rank, 4); });
+    INFO("net ", test::to_string(n), ": ", r.describe());
+    CHECK(r.exit_codes[0] == -SIGKILL);
+    CHECK(r.exit_codes[1] == 0);
+    CHECK(r.exit_codes[2] == 0);
+    CHECK(r.exit_codes[3] == 0);
+    CHECK_FALSE(r.timed_out);
+  }
+}
+
+TEST_CASE("point to point: a live peer that is slow to connect is waited for, its probes dropped quietly") {
+  // Five ranks over tcp (ring 0-1-2-3-4-0). Rank 4 receives from rank 2, which
+  // sleeps 4.5 s first: rank 4 probes rank 2's listener meanwhile, and the
+  // probes wait in rank 2's accept queue. Then rank 2 receives from rank 0
+  // (not a neighbour either), so its acceptor takes the queued probes: it
+  // must drop them without a WARN line, and both receives get their data.
+  test::temp_dir dir;
+  const std::string logs = dir.path + "/log.%r";
+  auto r = test::run_ranks(
+      5,
+      [&](int rank, int sz) {
+        auto kv = test::open_dir_store(dir.path);
+        auto c = test::make_comm(*kv, rank, sz, comm_options{milliseconds(600000)});
+        MP_REQUIRE_OK(c->barrier());
+        std::vector<float> v(1000, static_cast<float>(rank));
+        if (rank == 2) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(4500));
+          MP_REQUIRE_OK(c->recv(v.data(), v.size(), dtype::float32, 0));
+          MP_CHECK(v[0] == 0.0f && v[999] == 0.0f);
+          v.assign(v.size(), 2.0f);
+          MP_REQUIRE_OK(c->send(v.data(), v.size(), dtype::float32, 4));
+        } else if (rank == 0) {
+          MP_REQUIRE_OK(c->send(v.data(), v.size(), dtype::float32, 2));
+        } else if (rank == 4) {
+          MP_REQUIRE_OK(c->recv(v.data(), v.size(), dtype::float32, 2));
+          MP_CHECK(v[0] == 2.0f && v[999] == 2.0f);
+        }
+        MP_REQUIRE_OK(c->barrier());
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(net::tcp_only, rank, 5);
+        ::setenv("CCLITE_DEBUG_FILE", logs.c_str(), 1);
+      });
+  INFO(r.describe());
+  CHECK(r.all_ok());
+  std::string log2;
+  if (std::FILE* f = std::fopen((dir.path + "/log.2").c_str(), "r")) {
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) log2.append(buf, n);
+    std::fclose(f);
+  }
+  INFO("rank 2's log:\n", log2);
+  CHECK(log2.find("ignoring connection") == std::string::npos);
+  CHECK(log2.find("WARN") == std::string::npos);
+}
+
 TEST_CASE("timeout: a rank that never calls is named on every rank that waited") {
   for (net n : {net::shm_only, net::tcp_only}) {
     test::temp_dir dir;

@@ -7,11 +7,13 @@
 // rank connects its pairs in ascending order) are kept; strangers (bad magic,
 // other job, wrong rank, bad index, silent for 30 s) are closed with one WARN
 // line each and never fail the job. At most 256 connections may be mid-hello;
-// beyond that the oldest is closed.
+// beyond that the oldest is closed. Liveness probes of waiting peers
+// (listener_probe.hpp) are closed without a word.
 #pragma once
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -26,6 +28,7 @@
 #include <cclite/core/log.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/tcp/hello.hpp>
+#include <cclite/tcp/listener_probe.hpp>
 #include <cclite/tcp/socket.hpp>
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
@@ -62,10 +65,14 @@ class acceptor {
   /// Waits until rank `peer` has connected all its sockets with valid hellos
   /// addressed to rank `me` of `size` in the job `job_hash`, and hands them
   /// over. `peer_desc` and `fallback_nsocks` only shape the timeout message.
-  /// Errors: timeout (naming the peer and our address), aborted.
+  /// `still_there()` is asked on every turn (every <= 50 ms) whether waiting
+  /// makes sense; its error ends the wait (the peer's listener probe,
+  /// transport.hpp). Errors: timeout (naming the peer and our address),
+  /// aborted, still_there()'s.
+  template <class StillThere>
   result<peer_sockets> wait_for(int peer, int me, int size, std::uint64_t job_hash, deadline until,
                                 const std::atomic<bool>* aborted, const std::string& peer_desc,
-                                int fallback_nsocks, const logger& log) {
+                                int fallback_nsocks, const logger& log, StillThere&& still_there) {
     auto start = clock::now();
     std::vector<pollfd> fds;
     for (;;) {
@@ -82,6 +89,7 @@ class acceptor {
         return make_error(errc::aborted, "communicator aborted while waiting for %s to connect over tcp",
                           peer_desc.c_str());
       }
+      CCLITE_TRY(still_there());
       if (until.expired()) {
         return make_error(errc::timeout,
                           "timed out after %.1f s waiting for %s to connect to %s over tcp (%d of %d "
@@ -140,6 +148,13 @@ class acceptor {
         }
         break;
       }
+      // A probe (listener_probe.hpp) that waited in the accept queue has sent
+      // its 4 bytes long ago: drop it here, before it counts against the cap.
+      char head[4];
+      if (::recv(fd, head, sizeof head, MSG_PEEK | MSG_DONTWAIT) == 4 && std::memcmp(head, probe_magic, 4) == 0) {
+        ::close(fd);
+        continue;
+      }
       (void)set_socket_options(fd, sockbuf_);
       if (handshaking_.size() >= max_handshaking) {
         CCLITE_WARN(log, "tcp: more than %zu connections to %s without a hello; closing the one "
@@ -159,6 +174,11 @@ class acceptor {
       if (r > 0) h.got += static_cast<std::size_t>(r);
       else if (r == 0) reason = "closed before sending a complete hello";
       else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) reason = errno_text(errno);
+      if (h.got >= 4 && std::memcmp(h.buf, probe_magic, 4) == 0) {  // a peer's liveness probe
+        handshaking_[i] = std::move(handshaking_.back());
+        handshaking_.pop_back();
+        continue;
+      }
       if (reason.empty() && h.got >= 4 && std::memcmp(h.buf, "CCTC", 4) != 0) {
         reason = reject_reason(decode(h.buf), job_hash, me, size);  // bad magic: no need to wait
       }

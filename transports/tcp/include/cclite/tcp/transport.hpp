@@ -8,7 +8,9 @@
 //                    backoff until `t`), sends a hello on each (hello.hpp) and
 //                    waits for the acks. Higher rank: accepts until it holds
 //                    all nsocks sockets of rank p, keeping sockets of other
-//                    peers for their own connect(), then acks them.
+//                    peers for their own connect(), then acks them; a lower
+//                    rank that is gone is peer_lost within seconds (its
+//                    listener refuses probes: listener_probe.hpp), not at `t`.
 //                    Connections that are not from this job (bad magic, other
 //                    job tag, wrong rank, bad index, silent for 30 s) are
 //                    logged with one WARN line and closed; the job goes on.
@@ -57,6 +59,7 @@
 #include <cclite/tcp/hello.hpp>
 #include <cclite/tcp/ifname.hpp>
 #include <cclite/tcp/link.hpp>
+#include <cclite/tcp/listener_probe.hpp>
 #include <cclite/tcp/socket.hpp>
 #include <cclite/transport/concept.hpp>
 
@@ -328,10 +331,33 @@ class transport {
 
   // ---- higher rank: wait for the peer's sockets, ack them -------------------
 
+  // A lower rank that is gone never connects: rather than wait out the
+  // deadline, probe its listener now and then while waiting (listener_probe.hpp).
+  auto peer_still_there(int peer, clock::time_point start) {
+    return [this, peer, start, probe = detail::listener_probe(start), address = std::string()]() mutable {
+      const auto now = clock::now();
+      if (!probe.due(now)) return status();
+      auto ep = endpoint::parse(address);
+      if (address.empty() || !ep) {  // published at its publish(), before any connect()
+        auto text = ctx_.kv->get(key(peer), deadline::after(milliseconds(0)));
+        if (text) ep = endpoint::parse(address = text.value());
+      }
+      if (!ep) {
+        probe.record(detail::probe_answer::unknown, now);
+        return status();
+      }
+      if (!probe.record(detail::probe_listener(ep.value(), milliseconds(200)), now)) return status();
+      return make_error(errc::peer_lost,
+                        "%s will not connect: its tcp listener at %s refuses connections (the process "
+                        "exited or destroyed its communicator); noticed after waiting %.1f s for it",
+                        describe(peer).c_str(), address.c_str(), since(start));
+    };
+  }
+
   result<link> accept_from(int peer, deadline until) {
     auto start = clock::now();
     auto got = acceptor_.wait_for(peer, ctx_.rank, ctx_.size, job_hash_, until, ctx_.aborted,
-                                  describe(peer), cfg_.nsocks, log());
+                                  describe(peer), cfg_.nsocks, log(), peer_still_there(peer, start));
     if (!got) return got.error();
     detail::peer_sockets& p = got.value();
     if (p.nsocks != cfg_.nsocks || p.block != cfg_.block) {

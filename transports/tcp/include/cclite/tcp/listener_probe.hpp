@@ -1,0 +1,90 @@
+// cclite/tcp/listener_probe.hpp - is a peer that has not connected yet still there?
+//
+// The higher rank of a pair waits in acceptor::wait_for() until the lower rank
+// connects. If the lower rank's process is gone (killed before a point-to-point
+// call's first connection, or during a lazy set-up), nothing would arrive until
+// the deadline (CCLITE_TIMEOUT, 30 min by default). Its listener tells: a rank
+// publishes its address only after listen(), and the kernel refuses connections
+// to a port nobody listens on any more, so a refused probe means the process
+// exited or destroyed its transport. A host that is down or unreachable does
+// not refuse; that case stays bounded by the deadline.
+//
+// Probes are few: the first after 1 s of waiting, then every 2, 4, 8 ... up to
+// 30 s, and 1 s after a refusal to confirm it (two refusals in a row: lost). A
+// live but busy peer holds them in its accept queue until its next wait_for(),
+// which closes them without a word: a probe sends the magic "CCTP" and hangs up.
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <string>
+
+#include <cclite/config.hpp>
+#include <cclite/core/clock.hpp>
+#include <cclite/core/status.hpp>
+#include <cclite/tcp/socket.hpp>
+
+CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
+namespace cclite::tcp::detail {
+
+/// The first 4 bytes of a probe connection; the acceptor drops it silently.
+inline constexpr char probe_magic[4] = {'C', 'C', 'T', 'P'};
+
+enum class probe_answer { listening, refused, unknown };
+
+/// One connection attempt to `ep`, answered within `wait` (a live local or LAN
+/// listener answers in well under a millisecond; silence is "unknown").
+inline probe_answer probe_listener(const endpoint& ep, milliseconds wait) {
+  auto s = make_socket(ep.family());
+  if (!s) return probe_answer::unknown;
+  int e = 0;
+  if (::connect(s->get(), ep.sa(), ep.size()) != 0) {
+    e = errno;
+    if (e == EINPROGRESS || e == EINTR) {
+      if (poll_one(s->get(), POLLOUT, wait) == 0) return probe_answer::unknown;
+      socklen_t len = sizeof e;
+      if (::getsockopt(s->get(), SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
+    }
+  }
+  if (e == ECONNREFUSED) return probe_answer::refused;
+  if (e != 0) return probe_answer::unknown;
+  (void)::send(s->get(), probe_magic, sizeof probe_magic, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return probe_answer::listening;  // the socket closes here
+}
+
+/// The schedule of probes for one wait, and its verdict.
+class listener_probe {
+ public:
+  static constexpr milliseconds first{1000}, confirm{1000}, longest{30000};
+
+  /// True when a probe is due at `now`.
+  bool due(clock::time_point now) const noexcept { return now >= next_; }
+
+  /// Records a probe's answer; true once the peer is lost (two refusals in a row).
+  bool record(probe_answer a, clock::time_point now) noexcept {
+    if (a == probe_answer::refused) {
+      if (++refusals_ >= 2) return true;
+      next_ = now + confirm;
+      return false;
+    }
+    refusals_ = 0;
+    next_ = now + interval_;
+    interval_ = interval_ * 2 < longest ? interval_ * 2 : longest;
+    return false;
+  }
+
+  /// Starts the schedule of a wait that begins at `start`.
+  explicit listener_probe(clock::time_point start) noexcept : next_(start + first) {}
+
+ private:
+  clock::time_point next_;
+  milliseconds interval_{2000};
+  int refusals_ = 0;
+};
+
+}  // namespace cclite::tcp::detail
+CCLITE_SETUP_CODE_END
