@@ -124,6 +124,41 @@ void expect_p2p_mismatch(int size, net n, const char* what, int receiver,
 }
 }  // namespace
 
+TEST_CASE("ranks that differ in a setting that chooses algorithms fail at set-up, every one naming it") {
+  // Unchecked, rank 2 ran a tree allreduce where the others ran the ring, and
+  // every rank waited for the others until the deadline.
+  for (int odd_chunk = 0; odd_chunk < 2; ++odd_chunk) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        3,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          comm_options o;
+          if (odd_chunk && rank == 1) o.chunk_bytes = 8192;
+          auto made = default_communicator::create(*kv, rank, sz, o);
+          MP_REQUIRE(!made.ok());
+          const status& st = made.error();
+          std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+          MP_CHECK(st.code() == errc::invalid_argument);
+          MP_CHECK(contains(st, "must be the same on every rank"));
+          if (odd_chunk) {
+            MP_CHECK(contains(st, "rank 1 (") && contains(st, "has CCLITE_CHUNKSIZE=8192"));
+          } else {
+            MP_CHECK(contains(st, "has CCLITE_ALGO unset"));
+            MP_CHECK(contains(st, "rank 2 (") && contains(st, "has CCLITE_ALGO=allreduce:tree"));
+          }
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(net::shm_only, rank, 3);
+          if (!odd_chunk && rank == 2) ::setenv("CCLITE_ALGO", "allreduce:tree", 1);
+        });
+    const std::string what = odd_chunk ? "chunk_bytes on rank 1" : "CCLITE_ALGO on rank 2";
+    INFO(what, ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
 TEST_CASE("point to point: a receive that meets a send of another size gives mismatch, never stray bytes") {
   // 4 ranks, rank 0 sending to rank 2: not ring neighbours, so the link is
   // made by the call; ranks 1 and 3 learn of the failure in their barrier.

@@ -84,6 +84,8 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   status choose_transports();
   status connect_ring(deadline until);  // the ring neighbours, eagerly
   status fit_chunk_to_buffers(deadline until);
+  std::string shared_settings() const;  // what every rank must set alike
+  status check_shared_settings(const std::vector<std::string>& all) const;
   status measure_costs(deadline until);  // CCLITE_COST_MEASURE=1
   void apply_costs();
 

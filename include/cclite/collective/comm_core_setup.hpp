@@ -215,6 +215,53 @@ inline status comm_core<Transports...>::connect_ring(deadline until) {
   return {};
 }
 
+// The settings that choose a call's algorithm or protocol, one "NAME=value"
+// per line. Ranks that differ in one run different algorithms for the same
+// call and wait for each other until the deadline (CCLITE_ALGO set on one
+// node only), so set-up compares them. The chunk is the one configured
+// (comm_options or CCLITE_CHUNKSIZE), before fit_chunk_to_buffers lowers it
+// alike everywhere.
+template <class... Transports>
+inline std::string comm_core<Transports...>::shared_settings() const {
+  std::string s = "CCLITE_CHUNKSIZE=" + std::to_string(chunk_bytes_);
+  for (const char* name : {"ALGO", "RD_MAX", "COST_SHM", "COST_TCP", "COST_MEASURE", "CHECK_MISMATCH",
+                           "SHM_SMALL_MAX", "SHM_DIRECT_BUFFSIZE"}) {
+    const char* v = env::raw(name, false);
+    s += "\nCCLITE_";
+    s += name;
+    s += v && *v ? "=" : " unset";  // empty is unset, as for every reader of these
+    if (v) s += v;
+  }
+  return s;
+}
+
+// Every rank's shared_settings(), compared with rank 0's: all ranks fail
+// alike, naming the first setting that differs.
+template <class... Transports>
+inline status comm_core<Transports...>::check_shared_settings(const std::vector<std::string>& all) const {
+  for (int r = 1; r < size_; ++r) {
+    const std::string& a = all[0];
+    const std::string& b = all[static_cast<std::size_t>(r)];
+    if (a == b) continue;
+    std::size_t i = 0;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) ++i;
+    const auto line_of = [i](const std::string& t) {  // the line holding the first difference
+      std::size_t begin = i == 0 ? std::string::npos : t.rfind('\n', i - 1);
+      begin = begin == std::string::npos ? 0 : begin + 1;
+      return t.substr(begin, t.find('\n', begin) - begin);
+    };
+    return make_error(errc::invalid_argument,
+                      "%s has %s, %s has %s: the settings that choose algorithms must be the same on every "
+                      "rank (CCLITE_ALGO, CCLITE_RD_MAX, CCLITE_CHUNKSIZE or comm_options::chunk_bytes, "
+                      "CCLITE_COST_*, CCLITE_CHECK_MISMATCH, CCLITE_SHM_SMALL_MAX, CCLITE_SHM_DIRECT_BUFFSIZE), "
+                      "or ranks run different algorithms for one call and wait for each other until the "
+                      "deadline; give every rank the same environment (mpirun -x, srun --export)",
+                      peers_[0].describe().c_str(), line_of(a).c_str(), peers_[static_cast<std::size_t>(r)].describe().c_str(),
+                      line_of(b).c_str());
+  }
+  return {};
+}
+
 // A ring round must fit in every link's buffer, or ranks that all send
 // before they receive deadlock. Links differ per rank (shm inside a node,
 // tcp across), and all ranks must use the same rounds, so the chunk is a
@@ -233,15 +280,22 @@ inline status comm_core<Transports...>::fit_chunk_to_buffers(deadline until) {
   std::string kind = "shm";
   for (int r = 0; r < size_; ++r)
     if (r != rank_ && std::strcmp(transport_of(r), "shm") != 0) kind = transport_of(r);
-  auto all = store_allgather(*kv_, "bufmin", rank_, size_, std::to_string(mine) + "," + kind, until);
+  // And on the settings that choose algorithms: "buffer,kind,settings".
+  auto all = store_allgather(*kv_, "bufmin", rank_, size_,
+                             std::to_string(mine) + "," + kind + "," + shared_settings(), until);
   if (!all) return all.error();
   std::size_t least = SIZE_MAX;
   std::string slowest = "shm";
+  std::vector<std::string> settings;
   for (const auto& v : all.value()) {
     least = std::min<std::size_t>(least, std::strtoull(v.c_str(), nullptr, 10));
     const auto comma = v.find(',');
-    if (comma != std::string::npos && v.compare(comma + 1, std::string::npos, "shm") != 0) slowest = v.substr(comma + 1);
+    const auto comma2 = comma == std::string::npos ? comma : v.find(',', comma + 1);
+    if (comma2 == std::string::npos) return make_error(errc::protocol_error, "set-up record '%s' is not this version's", v.c_str());
+    if (v.compare(comma + 1, comma2 - comma - 1, "shm") != 0) slowest = v.substr(comma + 1, comma2 - comma - 1);
+    settings.push_back(v.substr(comma2 + 1));
   }
+  CCLITE_TRY(check_shared_settings(settings));
   if (least != SIZE_MAX && chunk_bytes_ > least / 4) {
     const std::size_t fitted = std::max<std::size_t>(4096, align_down(least / 4, 4096));
     CCLITE_INFO(log_, "chunk %zu bytes lowered to %zu: the smallest ring link buffer is %zu bytes",

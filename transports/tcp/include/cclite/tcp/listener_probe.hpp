@@ -7,7 +7,10 @@
 // publishes its address only after listen(), and the kernel refuses connections
 // to a port nobody listens on any more, so a refused probe means the process
 // exited or destroyed its transport. A host that is down or unreachable does
-// not refuse; that case stays bounded by the deadline.
+// not refuse; that case stays bounded by the deadline. A firewall that rejects
+// (rather than drops) connections to the lower rank's port reads as "gone"
+// too, although the job's links only ever connect the other way: the message
+// names the address, whose port must then be opened.
 //
 // Probes are few: the first after 1 s of waiting, then every 2, 4, 8 ... up to
 // 30 s, and 1 s after a refusal to confirm it (two refusals in a row: lost). A
