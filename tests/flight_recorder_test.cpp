@@ -172,6 +172,21 @@ TEST_CASE("a rank that never comes: the others' files name the call, cclite-trac
     CHECK(has(rep, "furthest call: allreduce #5 (4096 x float, sum): ranks 0-2 failed (timeout)"));
     CHECK(has(rep, "rank 3: no file"));
     CHECK(!has(rep, "MISMATCH"));
+    CHECK(has(rep, "\n    algorithm: "));  // the one the failed ranks ran, as CCLITE_DEBUG=INFO names it
+    // A file that says another algorithm (ranks must agree: create() checks
+    // the settings) is pointed out.
+    std::string edited = one;
+    const std::size_t at = edited.rfind(" algo=");
+    REQUIRE(at != std::string::npos);
+    edited.replace(at, edited.find(' ', at + 1) - at, " algo=edited_by_the_test");
+    if (std::FILE* f = std::fopen(files[0].c_str(), "w")) {
+      std::fputs(edited.c_str(), f);
+      std::fclose(f);
+    }
+    const std::string rep2 = trace_report(dir.path, 3);
+    INFO(rep2);
+    CHECK(has(rep2, "    ALGORITHMS DIFFER: "));
+    CHECK(has(rep2, " edited_by_the_test"));
   }
 }
 
@@ -248,6 +263,8 @@ TEST_CASE("the recorder keeps the last N calls, is off by default, and refuses a
     CHECK(has(t, "call seq=8 coll=8 kind=allreduce"));
     CHECK(has(t, "call seq=10 coll=10 kind=broadcast"));
     CHECK(has(t, "call seq=11 coll=11 kind=allreduce count=8 "));
+    // 32 bytes, two ranks of one node over shm: shm-direct's small path.
+    CHECK(has(t, " algo=shm-direct_small state=failed code=timeout\n"));
   }
   SUBCASE("off unless CCLITE_TRACE_BUFFER is set: no file") {
     test::temp_dir dir;

@@ -207,6 +207,7 @@ inline std::string report(const std::vector<process_dump>& dumps) {
       if (const call* c = last_collective(*m.sec)) furthest = std::max(furthest, c->coll);
     if (furthest > 0) {
       std::map<std::string, std::vector<int>> at;  // outcome -> ranks, for those that started it
+      std::map<std::string, std::vector<int>> by;  // algorithm -> ranks
       const call* shown = nullptr;
       std::vector<const member*> behind;
       for (const member& m : ms) {
@@ -220,10 +221,17 @@ inline std::string report(const std::vector<process_dump>& dumps) {
                                                                             : "failed (" + c->code + ")";
         if (describe(*c) != describe(*shown)) o += " in " + describe(*c);  // a mismatch: say what they called
         at[o].push_back(m.sec->rank);
+        if (!c->algo.empty()) by[c->algo].push_back(m.sec->rank);
       }
       out += "  furthest call: " + (shown ? describe(*shown) : "collective #" + std::to_string(furthest)) + ":";
       for (const auto& a : at) out += " " + plural_ranks(a.second) + " " + a.first + ";";
       out.back() = '\n';
+      if (by.size() == 1) out += "    algorithm: " + by.begin()->first + "\n";
+      if (by.size() > 1) {  // every rank must run the same one (set-up checks the settings)
+        out += "    ALGORITHMS DIFFER:";
+        for (const auto& b : by) out += " " + plural_ranks(b.second) + " " + b.first + ";";
+        out.back() = '\n';
+      }
       for (const member* m : behind) {
         const call* last = last_collective(*m->sec);
         out += "  rank " + std::to_string(m->sec->rank) + " never started collective #" + std::to_string(furthest);

@@ -20,6 +20,7 @@ struct call {
   std::int64_t queued_us = 0;  ///< state "queued": when it was issued (it has no start yet)
   int root = 0, peer2 = 0;
   std::string kind, dtype, op, state, code;
+  std::string algo;  ///< the algorithm it ran (one token); empty: not recorded (queued, older files)
 };
 
 /// One communicator's section of a process's file.
@@ -138,6 +139,7 @@ inline bool parse_dump(std::istream& in, const std::string& path, process_dump& 
       c.op = f["op"];
       c.state = f["state"];
       c.code = f["code"];
+      c.algo = f["algo"];
       out.comms.back().kept.push_back(std::move(c));
     } else if (!line.empty()) {
       return bad("unknown record");

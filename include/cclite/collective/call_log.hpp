@@ -73,13 +73,18 @@ inline const char* describe_algorithm(collective_kind k, const call_route& r) {
 
 CCLITE_SETUP_CODE_END
 
+/// The bytes a call's size class and algorithm choice go by.
+inline std::size_t call_bytes(const op_desc& d) noexcept {
+  return d.count * (d.kind == collective_kind::barrier || d.kind == collective_kind::group ? 0 : size_of(d.type));
+}
+
 /// Remembers which (collective, power-of-two size class) pairs were logged.
 class call_log {
  public:
   /// True the first time a call of `d`'s kind and size class comes; `bytes`
   /// and `cls` (its class: bytes <= 2^cls) are set either way.
   bool first(const op_desc& d, std::size_t& bytes, int& cls) noexcept {
-    bytes = d.count * (d.kind == collective_kind::barrier || d.kind == collective_kind::group ? 0 : size_of(d.type));
+    bytes = call_bytes(d);
     cls = 0;
     while (cls < 63 && (std::size_t(1) << cls) < bytes) ++cls;
     const std::uint64_t bit = std::uint64_t(1) << cls;

@@ -55,7 +55,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   status execute(const op_desc& d) override {
     const std::uint64_t seq = ++seq_;
     const bool traced = trace_.on(), was_usable = broken_.ok();
-    const std::size_t slot = CCLITE_UNLIKELY(traced) ? trace_.begin(d, seq) : 0;
+    const std::size_t slot = CCLITE_UNLIKELY(traced) ? trace_.begin(d, seq, algorithm_of(d)) : 0;
     status st = run_call(d, seq);
     if (CCLITE_UNLIKELY(traced)) traced_call_ended(slot, seq, st, was_usable);
     return st;
@@ -289,20 +289,27 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   std::string describe_call(const op_desc& d, std::uint64_t seq) const { return detail::describe_call(d, seq, rank_); }
 
   // INFO: the algorithm of each call, once per (collective, power-of-two size class).
+  // What runs call `d` of `bytes` (the same choice dispatch() makes), in
+  // words: the INFO line's and the flight recorder's.
+  const char* algorithm_of(const op_desc& d, std::size_t bytes) const {
+    detail::call_route r;
+    r.local = size_ == 1;
+    r.in_window = size_ > 1 && this->window_call(d) != nullptr;
+    r.small_direct = this->small_direct(d);
+    r.algo = select_.choose(d.kind, bytes, size_);
+    r.hier_possible = select_.hier_possible();
+    r.direct_possible = select_.direct_possible();
+    return detail::describe_algorithm(d.kind, r);
+  }
+  const char* algorithm_of(const op_desc& d) const { return algorithm_of(d, detail::call_bytes(d)); }
+
   void log_call(const op_desc& d) {
     if (!log_.enabled(log_level::info)) return;
     std::size_t bytes = 0;
     int cls = 0;
     if (logged_.first(d, bytes, cls)) {
-      detail::call_route r;
-      r.local = size_ == 1;
-      r.in_window = size_ > 1 && this->window_call(d) != nullptr;
-      r.small_direct = this->small_direct(d);
-      r.algo = select_.choose(d.kind, bytes, size_);
-      r.hier_possible = select_.hier_possible();
-      r.direct_possible = select_.direct_possible();
       CCLITE_INFO(log_, "%s: %zu bytes (class <= 2^%d): algorithm %s, chunk %zu bytes, ring %s/%s",
-                  to_string(d.kind), bytes, cls, detail::describe_algorithm(d.kind, r), chunk_bytes_,
+                  to_string(d.kind), bytes, cls, algorithm_of(d, bytes), chunk_bytes_,
                   size_ > 1 ? transport_of(topo_.ring_prev(rank_)) : "self",
                   size_ > 1 ? transport_of(topo_.ring_next(rank_)) : "self");
     }

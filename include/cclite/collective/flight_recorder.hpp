@@ -15,7 +15,7 @@
 //
 // Off by default (N = 0): then a call costs one predictable branch. On, each
 // call takes an uncontended mutex twice and reads the wall clock twice (0.1
-// us here: README, "Flight recorder"); the buffer is allocated once (N x 64 bytes), so calls still allocate
+// us here: README, "Flight recorder"); the buffer is allocated once (N x 72 bytes), so calls still allocate
 // nothing. A program can also dump on its own: cclite::dump_traces(reason);
 // and anyone can ask a process for its file with SIGUSR1 (trace_signal.hpp).
 //
@@ -25,7 +25,7 @@
 //   process host=node1 pid=4242 dumped_us=<unix us> reason=<rest of the line>
 //   comm id=<hex> name=<store prefix> rank=R size=N calls=<recorded> kept=<in file> queued=<Q>
 //   call seq=S coll=C kind=allreduce count=N dtype=float op=sum root=R peer2=P count2=M
-//        start_us=<unix us> end_us=<unix us, 0 while running> state=done|running|failed code=<errc>
+//        start_us=<unix us> end_us=<unix us, 0 while running> algo=<A> state=done|running|failed code=<errc>
 //   ... then the communicator's Q calls issued but not started yet (queued
 //   behind the running one: _async calls, or blocking calls of other threads),
 //   in the order they will run:
@@ -33,7 +33,10 @@
 //        queued_us=<unix us, when issued> state=queued code=ok
 // (the fields of op_desc, whichever the kind uses: root is a rooted call's
 // root or a send's / recv's peer, peer2 and count2 a sendrecv's source and
-// receive count)
+// receive count; algo the algorithm the call ran, as CCLITE_DEBUG=INFO names
+// it, spaces made '_' and the explanation in brackets left out: ring,
+// double_binary_tree, recursive_doubling, shm-direct_small, ...; absent for a
+// queued call)
 // `seq` is the call's number in error messages ("allreduce #57"); `coll` counts
 // the calls every rank makes (collectives; 0 for send / recv / sendrecv /
 // groups), so ranks are compared by `coll`.
@@ -75,6 +78,7 @@ struct trace_entry {
   dtype type = dtype::uint8;
   reduce_op op = reduce_op::sum;
   errc code = errc::ok;
+  const char* algo = nullptr;  ///< describe_algorithm()'s text (static storage); null: not known
 };
 
 class flight_recorder;
@@ -103,13 +107,15 @@ class flight_recorder {
 
   bool on() const noexcept { return capacity_ != 0; }
 
-  /// The call `d`, number `seq`, starts; returns its slot for end().
-  CCLITE_NOINLINE std::size_t begin(const op_desc& d, std::uint64_t seq) noexcept {
+  /// The call `d`, number `seq`, starts, run by `algo` (a string of static
+  /// storage, call_log.hpp); returns its slot for end().
+  CCLITE_NOINLINE std::size_t begin(const op_desc& d, std::uint64_t seq, const char* algo) noexcept {
     std::lock_guard<std::mutex> g(m_);
     const bool all_ranks = every_rank_calls(d.kind);
     const std::size_t slot = static_cast<std::size_t>(recorded_++ % capacity_);
     trace_entry& e = ring_[slot];
     e = entry_of(d, seq, all_ranks ? ++coll_ : 0);
+    e.algo = algo;
     e.start_us = wall_us();
     return slot;
   }
@@ -226,6 +232,10 @@ CCLITE_SETUP_CODE_BEGIN
     if (queued_us != 0) {
       std::snprintf(line, sizeof line, " queued_us=%" PRId64, queued_us);
       out += line;
+    }
+    if (e.algo) {  // one token: "double binary tree (...)" -> "double_binary_tree"
+      out += " algo=";
+      for (const char* c = e.algo; *c && !(c[0] == ' ' && c[1] == '('); ++c) out += *c == ' ' ? '_' : *c;
     }
     std::snprintf(line, sizeof line, " state=%s code=%s\n", state, to_string(e.code));
     out += line;
