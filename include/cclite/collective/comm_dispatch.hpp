@@ -288,7 +288,6 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
 
   std::string describe_call(const op_desc& d, std::uint64_t seq) const { return detail::describe_call(d, seq, rank_); }
 
-  // INFO: the algorithm of each call, once per (collective, power-of-two size class).
   // What runs call `d` of `bytes` (the same choice dispatch() makes), in
   // words: the INFO line's and the flight recorder's.
   const char* algorithm_of(const op_desc& d, std::size_t bytes) const {
@@ -303,6 +302,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   }
   const char* algorithm_of(const op_desc& d) const { return algorithm_of(d, detail::call_bytes(d)); }
 
+  // INFO: the algorithm of each call, once per (collective, power-of-two size class).
   void log_call(const op_desc& d) {
     if (!log_.enabled(log_level::info)) return;
     std::size_t bytes = 0;

@@ -20,15 +20,11 @@
 
 #include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
-#include <string>
 
 #include <cclite/config.hpp>
 #include <cclite/core/clock.hpp>
-#include <cclite/core/status.hpp>
 #include <cclite/tcp/socket.hpp>
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
