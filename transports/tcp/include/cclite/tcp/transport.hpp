@@ -334,19 +334,21 @@ class transport {
   // A lower rank that is gone never connects: rather than wait out the
   // deadline, probe its listener now and then while waiting (listener_probe.hpp).
   auto peer_still_there(int peer, clock::time_point start) {
-    return [this, peer, start, probe = detail::listener_probe(start), address = std::string()]() mutable {
+    return [this, peer, start, probe = detail::listener_probe(start), ep = endpoint(),
+            address = std::string()]() mutable {
       const auto now = clock::now();
       if (!probe.due(now)) return status();
-      auto ep = endpoint::parse(address);
-      if (address.empty() || !ep) {  // published at its publish(), before any connect()
+      if (address.empty()) {  // published at its publish(), before any connect()
         auto text = ctx_.kv->get(key(peer), deadline::after(milliseconds(0)));
-        if (text) ep = endpoint::parse(address = text.value());
+        auto parsed = text ? endpoint::parse(text.value()) : result<endpoint>(text.error());
+        if (parsed) {
+          ep = parsed.value();
+          address = text.value();
+        }
       }
-      if (!ep) {
-        probe.record(detail::probe_answer::unknown, now);
-        return status();
-      }
-      if (!probe.record(detail::probe_listener(ep.value(), milliseconds(200)), now)) return status();
+      const auto answer =
+          address.empty() ? detail::probe_answer::unknown : detail::probe_listener(ep, milliseconds(200));
+      if (!probe.record(answer, now)) return status();
       return make_error(errc::peer_lost,
                         "%s will not connect: its tcp listener at %s refuses connections (the process "
                         "exited or destroyed its communicator); noticed after waiting %.1f s for it",
