@@ -456,6 +456,56 @@ TEST_CASE("tcp client: unreachable, lost and foreign servers") {
     CHECK(v.error().message().find("rank 0 gone?") != std::string::npos);
     CHECK(c->set("x", "y").code() == errc::peer_lost);  // reconnect fails too
   }
+  SUBCASE("a server that stops answering: the *_within calls end at their deadline") {
+    // A host lost mid-job: its kernel no longer answers, the connection stays
+    // open. Here the server stops serving (no thread, progress() no longer
+    // called) while the kernel keeps the connection: the plain calls would
+    // wait out the op timeout (60 s here), the bounded ones end at reply_by.
+    tcp::server_options o;
+    o.background_thread = false;
+    auto srv = tcp::store_server::start("127.0.0.1", 0, o);
+    REQUIRE(srv.ok());
+    std::atomic<bool> serve{true};
+    std::thread server([&] {
+      while (serve.load()) (void)srv.value()->progress(5);
+    });
+    auto made = tcp::store_client::connect("127.0.0.1", srv.value()->port(), deadline::after(milliseconds(10000)),
+                                           milliseconds(60000));
+    REQUIRE(made.ok());
+    auto& c = *made.value();
+    REQUIRE(c.set_within("k", "v", deadline::after(milliseconds(5000))).ok());
+    REQUIRE(c.get_within("k", deadline::after(milliseconds(0)), deadline::after(milliseconds(5000))).value() == "v");
+    REQUIRE(c.add_within("n", 2, deadline::after(milliseconds(5000))).value() == 2);
+    serve = false;
+    server.join();
+    auto timed = [](auto&& f) {
+      const auto t0 = clock::now();
+      errc code = f();
+      const auto ms = std::chrono::duration_cast<milliseconds>(clock::now() - t0).count();
+      CHECK(ms >= 250);
+      CHECK(ms < 5000);  // the op timeout is 60 s
+      return code;
+    };
+    const auto by = [] { return deadline::after(milliseconds(300)); };
+    CHECK(timed([&] { return c.get_within("k", deadline::after(milliseconds(0)), by()).error().code(); }) ==
+          errc::timeout);
+    // The timed-out get closed the connection (a reply may still be on its
+    // way): these two reconnect first, and the handshake gets no answer.
+    const errc add = timed([&] { return c.add_within("n", 1, by()).error().code(); });
+    CHECK((add == errc::timeout || add == errc::peer_lost));
+    const errc set = timed([&] { return c.set_within("k", "w", by()).code(); });
+    CHECK((set == errc::timeout || set == errc::peer_lost));
+    // Serving again: the client reconnects and the store kept its data.
+    serve = true;
+    std::thread again([&] {
+      while (serve.load()) (void)srv.value()->progress(5);
+    });
+    auto v = c.get_within("k", deadline::after(milliseconds(0)), deadline::after(milliseconds(10000)));
+    serve = false;
+    again.join();
+    REQUIRE_MESSAGE(v.ok(), v.error().to_string());
+    CHECK((v.value() == "v" || v.value() == "w"));  // the cut set may have reached the server
+  }
   SUBCASE("something else on the port") {
     // A foreign server on loopback that answers like a web server would.
     test::loopback_listener l(1);

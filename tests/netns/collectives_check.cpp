@@ -11,6 +11,10 @@
 //     failure in the store it hosts) and returns at once, exit 3; the others
 //     call allreduce 0.5 s later and print what it returned, exit 1 (the
 //     store host must stay until they have read the failure: launch_e2e_test).
+//   collectives_check --late-p2p
+//     (4 ranks or more) after init (which connects ring neighbours only),
+//     prints "ready", waits 4 s, then exchanges 1000 floats with rank
+//     (r + 2) % size, a first connection: a test loses a node in those 4 s.
 //   collectives_check --stuck-rank1
 //     (3 ranks or more) one allreduce; then rank 1 "computes" for 60 s, the
 //     last rank exits with status 2 after 1 s, the others wait in a second
@@ -57,9 +61,10 @@ bool call(const cclite::status& st, int rank, const char* what) {
 int main(int argc, char** argv) {
   std::size_t big = std::size_t(1) << 20;
   long repeat = 0;
-  bool abort_rank0 = false, stuck_rank1 = false;
+  bool abort_rank0 = false, stuck_rank1 = false, late_p2p = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--abort-rank0") == 0) abort_rank0 = true;
+    if (std::strcmp(argv[i], "--late-p2p") == 0) late_p2p = true;
     if (std::strcmp(argv[i], "--stuck-rank1") == 0) stuck_rank1 = true;
   }
   for (int i = 1; i + 1 < argc; ++i) {
@@ -81,6 +86,18 @@ int main(int argc, char** argv) {
     const cclite::status st = c.allreduce(x.data(), x.size());
     std::fprintf(stderr, "collectives_check: rank %d: %s\n", r, st.to_string().c_str());
     return r == 0 ? 3 : st.ok() ? 0 : 1;
+  }
+  if (late_p2p) {
+    std::printf("collectives_check: rank %d: ready\n", r);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    std::vector<float> mine(1000, float(r)), theirs(1000, -1.0f);
+    const int partner = (r + 2) % n;
+    call(c.sendrecv(mine.data(), mine.size(), partner, theirs.data(), theirs.size(), partner, cclite::dtype::float32), r,
+         "sendrecv");
+    expect(theirs[999] == float(partner), r, "sendrecv from r + 2");
+    std::printf("collectives_check: rank %d: sendrecv with rank %d passed\n", r, partner);
+    return failures ? 1 : 0;
   }
   if (stuck_rank1) {
     std::vector<float> x(1000, 1.0f);

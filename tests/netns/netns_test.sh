@@ -34,6 +34,16 @@
 #                 exits outside cclite while rank 1 (node 0) computes: node 0's
 #                 cclite-run, told of node 1's failure, asks rank 1 for its file
 #                 before stopping it, and cclite-trace names rank 1's last call
+#   host_lost     2 nodes x 2 ranks started directly (no agents): a node goes
+#                 silent mid-job (its link deleted, its processes killed, so no
+#                 FIN or RST ever leaves it): the other node's ranks get
+#                 peer_lost naming it ("host down or network cut") within about
+#                 30 s, long before CCLITE_TIMEOUT; then the same with node 0,
+#                 the host of the ranks' store
+#   host_lost_connect  the same, with the node lost before a first
+#                 connection to it (a sendrecv with rank r + 2 after init):
+#                 the connecting ranks find no answer, the accepting ones
+#                 probe the silent listener; peer_lost within about 35 s
 #   srun_agents   2 nodes, one cclite-run per node started as srun starts a
 #                 task (its variables; no --nnodes, no endpoint), 2 workers
 #                 each: the agents meet on node0 at a port from the job id
@@ -223,6 +233,106 @@ agent_killed)
   kill_agent 1   # a node
   kill_agent 0   # the node that hosts the agents' store
   ;;
+host_lost)
+  # lose_host V: ranks 0-3 (2 per node; rank 0 on node 0 hosts the store)
+  # start as a launcher without agents would start them, run every collective
+  # and then allreduces until stopped; node V then goes silent. Node O's ranks
+  # must fail with peer_lost naming nodeV, found by TCP keepalive and
+  # TCP_USER_TIMEOUT (25 s) and not by the 300 s deadline; over a lost store
+  # host, recording the failure must not keep them (3 s each, not 30 s).
+  lose_host() {
+    v=$1; o=$((1 - $1))
+    nodes_up 2
+    i=0
+    while [ "$i" -lt 2 ]; do
+      node_run "$i" "$LOGS/lost$v-node$i.log" env CCLITE_TIMEOUT=300 WORLD_SIZE=4 MASTER_ADDR="$(node_addr 0)" \
+        MASTER_PORT=29500 sh -c 'RANK=$(($1 * 2)) LOCAL_RANK=0 "$0" --count 262144 --repeat 100000000 & a=$!
+          RANK=$(($1 * 2 + 1)) LOCAL_RANK=1 "$0" --count 262144 --repeat 100000000 & b=$!
+          wait $a; x=$?; wait $b; y=$?; echo "ranks exited $x $y"' "$BIN/collectives_check" "$i"
+      i=$((i + 1))
+    done
+    n=0
+    until [ "$(cat "$LOGS"/lost$v-node*.log 2>/dev/null | grep -c "iteration 1")" = 4 ]; do
+      n=$((n + 1))
+      [ "$n" -lt 300 ] || { fail "the job never got going"; finish; }
+      sleep 0.2
+    done
+    sleep 1
+    # Deleting the veth takes both its ends: nothing node V sends leaves it,
+    # so killing its processes afterwards only ends them.
+    t0=$(date +%s)
+    ip -n "$(node_ns "$v")" link del eth0 || fail "cannot delete node $v's link"
+    for p in $(ip netns pids "$(node_ns "$v")"); do kill -9 "$p" 2>/dev/null; done
+    node_wait "$o" 90
+    eval "rc=\$NODE_RC_$o"
+    echo "node $v lost: node $o's ranks ended after $(($(date +%s) - t0)) s (status $rc)"
+    [ "$rc" != 124 ] || fail "node $o's ranks still ran 90 s after node $v was lost (CCLITE_TIMEOUT is 300 s)"
+    grep_log "$LOGS/lost$v-node$o.log" "ranks exited 1 1" "both ranks of node $o failed"
+    for r in $((o * 2)) $((o * 2 + 1)); do
+      grep_log "$LOGS/lost$v-node$o.log" "collectives_check: rank $r: allreduce (repeat) failed: peer_lost: " \
+        "rank $r fails with peer_lost"
+    done
+    # The rank that found it names the lost node and why. Without the store
+    # (round 2) the others report what woke them (a closed link of a rank
+    # that failed), not the record of the first failure.
+    grep_log "$LOGS/lost$v-node$o.log" \
+      "failed: peer_lost: .*rank [0-9] (node$v, pid [0-9]*) lost: no answer to keepalive probes or retransmissions (host down or network cut)" \
+      "a rank of node $o names the lost node and why"
+    nodes_down
+  }
+  lose_host 1
+  lose_host 0   # the store's host
+  ;;
+host_lost_connect)
+  # lose_before_connect V: ranks 0-3 as in host_lost, with --late-p2p: after
+  # init each prints "ready" and, 4 s later, exchanges with rank r + 2 (on the
+  # other node; init connected ring neighbours only). Node V goes silent in
+  # those 4 s. V = 1: node 0's ranks dial silent listeners (lower ranks
+  # connect); V = 0: node 1's ranks wait for connections that never come and
+  # probe the silent listeners (listener_probe.hpp).
+  lose_before_connect() {
+    v=$1; o=$((1 - $1))
+    nodes_up 2
+    i=0
+    while [ "$i" -lt 2 ]; do
+      node_run "$i" "$LOGS/connect$v-node$i.log" env CCLITE_TIMEOUT=300 WORLD_SIZE=4 MASTER_ADDR="$(node_addr 0)" \
+        MASTER_PORT=29500 sh -c 'RANK=$(($1 * 2)) LOCAL_RANK=0 "$0" --late-p2p & a=$!
+          RANK=$(($1 * 2 + 1)) LOCAL_RANK=1 "$0" --late-p2p & b=$!
+          wait $a; x=$?; wait $b; y=$?; echo "ranks exited $x $y"' "$BIN/collectives_check" "$i"
+      i=$((i + 1))
+    done
+    n=0
+    until [ "$(cat "$LOGS"/connect$v-node*.log 2>/dev/null | grep -c ": ready$")" = 4 ]; do
+      n=$((n + 1))
+      [ "$n" -lt 300 ] || { fail "the job never got going"; finish; }
+      sleep 0.2
+    done
+    t0=$(date +%s)
+    ip -n "$(node_ns "$v")" link del eth0 || fail "cannot delete node $v's link"
+    for p in $(ip netns pids "$(node_ns "$v")"); do kill -9 "$p" 2>/dev/null; done
+    node_wait "$o" 90
+    eval "rc=\$NODE_RC_$o"
+    echo "node $v lost before a first connection: node $o's ranks ended after $(($(date +%s) - t0)) s"
+    [ "$rc" != 124 ] || fail "node $o's ranks still ran 90 s after node $v was lost (CCLITE_TIMEOUT is 300 s)"
+    grep_log "$LOGS/connect$v-node$o.log" "ranks exited 1 1" "both ranks of node $o failed"
+    for r in $((o * 2)) $((o * 2 + 1)); do
+      grep_log "$LOGS/connect$v-node$o.log" "collectives_check: rank $r: sendrecv failed: peer_lost: " \
+        "rank $r fails with peer_lost"
+    done
+    if [ "$v" = 1 ]; then
+      grep_log "$LOGS/connect$v-node$o.log" \
+        "sendrecv failed: peer_lost: .*connecting to rank [0-9] (node1, pid [0-9]*) at .*: no answer for [0-9]* s (last error: .*): the peer's host is down or the network is cut" \
+        "a rank of node 0 names the silent host it dialled"
+    else
+      grep_log "$LOGS/connect$v-node$o.log" \
+        "sendrecv failed: peer_lost: .*rank [0-9] (node0, pid [0-9]*) will not connect: its host does not answer at " \
+        "a rank of node 1 names the silent host it waited for"
+    fi
+    nodes_down
+  }
+  lose_before_connect 1
+  lose_before_connect 0   # the store's host
+  ;;
 elastic)
   nodes_up 3
   # The first attempt runs until killed; the restarted one checks and ends.
@@ -374,7 +484,7 @@ trace_request)
   grep_log "$LOGS/report.log" "(id [0-9a-f]*, 4 ranks): files from ranks 0-2; none from rank 3" "a file from ranks 0-2"
   ;;
 *)
-  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|elastic|rdzv_id|srun|srun_agents|trace_request"
+  echo "usage: $0 2x2|3x1|hostnames|ifname|ifname_auto|ifname_wrong|agent_killed|host_lost|host_lost_connect|elastic|rdzv_id|srun|srun_agents|trace_request"
   exit 2
   ;;
 esac

@@ -49,6 +49,13 @@ nodes_down() {
     ns="${NODES_PREFIX}n$i"
     if ip netns list 2>/dev/null | grep -q "^$ns\b"; then
       for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
+      # The veths first: a deleted namespace frees its devices later, in the
+      # background, and a nodes_up right after would find the names taken.
+      j=0
+      while [ "$j" -lt "$NODES_NETS" ]; do
+        ip link del "${NODES_PREFIX}v$i$j" 2>/dev/null
+        j=$((j + 1))
+      done
       ip netns del "$ns" 2>/dev/null
     fi
     rm -rf "/etc/netns/$ns"

@@ -57,6 +57,28 @@ class store {
 
   /// True if `key` exists now (never blocks beyond one round trip).
   virtual result<bool> check(const std::string& key) = 0;
+
+  /// set(), add() and get() that also give up at `reply_by`: a store behind a
+  /// connection bounds the round trip, any reconnect included, by it (errc::
+  /// timeout or peer_lost), where the plain calls take the store's op timeout
+  /// (CCLITE_TIMEOUT under cclite::init()). get_within() waits for the key
+  /// until `until` as get() does; `reply_by` should come later. For answers
+  /// worth a few seconds and no more: a failing rank records the job's first
+  /// failure, and the store's host may have gone with the failure (a host
+  /// lost). By default the plain calls, for stores that cannot be slow
+  /// (memory_store) or cannot bound them.
+  virtual status set_within(const std::string& key, const std::string& value, deadline reply_by) {
+    (void)reply_by;
+    return set(key, value);
+  }
+  virtual result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) {
+    (void)reply_by;
+    return add(key, delta);
+  }
+  virtual result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) {
+    (void)reply_by;
+    return get(key, until);
+  }
 };
 
 /// A view of another store with every key prefixed by `prefix` (Gloo's
@@ -81,6 +103,15 @@ class prefix_store final : public store {
     return base_.wait(full, until);
   }
   result<bool> check(const std::string& key) override { return base_.check(prefix_ + key); }
+  status set_within(const std::string& key, const std::string& value, deadline reply_by) override {
+    return base_.set_within(prefix_ + key, value, reply_by);
+  }
+  result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) override {
+    return base_.add_within(prefix_ + key, delta, reply_by);
+  }
+  result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override {
+    return base_.get_within(prefix_ + key, until, reply_by);
+  }
 
  private:
   store& base_;

@@ -24,6 +24,11 @@
 
 namespace cclite::detail {
 
+/// How long a failing rank gives the store to take its record of the job's
+/// first failure (or to hand over an earlier one) before it reports its own
+/// error: a live store answers in milliseconds.
+inline constexpr milliseconds fault_store_budget{3000};
+
 template <class... Transports>
 class comm_checks : public comm_core<Transports...> {
  protected:
@@ -179,31 +184,14 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // whose link to a failed rank broke, after that rank recorded) report the
   // record. Then every link is closed, so ranks blocked on this one wake up at
   // once (peer_lost) and read the record too, instead of waiting for their
-  // deadline. Store calls are bounded; if the store is gone, `st` stands.
+  // deadline. Store calls are bounded by a few seconds (fault_store_budget):
+  // the store's host may have gone with the failure (a host lost), and every
+  // rank woken by the closed links would wait on it in turn. If the store
+  // does not answer in time, `st` stands.
   status spread_failure(status st, const std::string& call) {
     if (fault_spread_) return st;
     fault_spread_ = true;
-    const bool weak = st.code() == errc::timeout && !hdr_.knows_culprit;
-    std::string rec;
-    // A plain timeout blames whatever this rank waited on, often a victim of
-    // the real culprit: give a rank that knows better a moment to record it.
-    auto found = kv_->get("fault", deadline::after(milliseconds(weak ? 2000 : 0)));
-    if (found) {
-      rec = found.value();
-    } else {
-      auto n = kv_->add("fault/n", 1);
-      if (n && n.value() == 1) {
-        errc c = st.code() == errc::aborted ? errc::peer_lost : st.code();
-        std::string msg = st.code() == errc::aborted
-                              ? peers_[static_cast<std::size_t>(rank_)].describe() + " aborted its communicator: " +
-                                    st.message()
-                              : st.message();
-        (void)kv_->set("fault", std::to_string(static_cast<int>(c)) + "\n" + msg);
-      } else if (n) {
-        auto got = kv_->get("fault", deadline::after(milliseconds(5000)));
-        if (got) rec = got.value();
-      }
-    }
+    const std::string rec = pool_->store_silent.load() ? std::string() : exchange_fault_record(st);
     close_links();
     pool_->fail(st);  // the parent and siblings sharing these links report it
     if (rec.empty()) return st;
@@ -212,6 +200,37 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     if (nl == std::string::npos || code <= 0 || code > static_cast<int>(errc::resource_exhausted)) return st;
     if (st.code() == errc::aborted) return st;  // our own abort() stays "aborted" here
     return status(static_cast<errc>(code), call + ": the job's first failure: " + rec.substr(nl + 1));
+  }
+
+  // Records `st` as the job's first failure if no rank has yet; returns an
+  // earlier rank's record, or "" (this rank's own recorded, or no answer).
+  std::string exchange_fault_record(const status& st) {
+    // A plain timeout blames whatever this rank waited on, often a victim of
+    // the real culprit: give a rank that knows better a moment to record it.
+    const bool weak = st.code() == errc::timeout && !hdr_.knows_culprit;
+    const auto wait_ms = milliseconds(weak ? 2000 : 0);
+    const deadline reply_by = deadline::after(wait_ms + fault_store_budget);
+    auto found = kv_->get_within("fault", deadline::after(wait_ms), reply_by);
+    if (found) return found.value();
+    if (reply_by.expired()) {  // no answer: the store's host may be gone
+      pool_->store_silent.store(true);
+      return {};
+    }
+    auto n = kv_->add_within("fault/n", 1, reply_by);
+    if (!n) return {};
+    if (n.value() == 1) {
+      errc c = st.code() == errc::aborted ? errc::peer_lost : st.code();
+      std::string msg = st.code() == errc::aborted
+                            ? peers_[static_cast<std::size_t>(rank_)].describe() + " aborted its communicator: " +
+                                  st.message()
+                            : st.message();
+      (void)kv_->set_within("fault", std::to_string(static_cast<int>(c)) + "\n" + msg, reply_by);
+      return {};
+    }
+    // Another rank counted first: its record follows within moments.
+    const auto record_ms = milliseconds(5000);
+    auto got = kv_->get_within("fault", deadline::after(record_ms), deadline::after(record_ms + fault_store_budget));
+    return got ? got.value() : std::string();
   }
 
   // Closes this communicator's links (its members' entries of the pool) and

@@ -79,6 +79,9 @@ struct link_pool {
   logger log;                        ///< the root's, for the transports
   std::atomic<bool> aborted{false};
   std::atomic<bool> failed{false};
+  /// A failing communicator of this family found the store silent for
+  /// fault_store_budget (its host lost?): the others do not wait on it again.
+  std::atomic<bool> store_silent{false};
   transport_context ctx;
   std::unique_ptr<transports> set;
   std::vector<int> choice;  ///< transport index per root rank (-1: self)

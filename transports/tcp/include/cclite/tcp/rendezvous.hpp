@@ -85,6 +85,15 @@ class hosting_store final : public cclite::store {
   result<std::int64_t> add(const std::string& k, std::int64_t x) override { return client_->add(k, x); }
   status wait(const std::vector<std::string>& ks, deadline d) override { return client_->wait(ks, d); }
   result<bool> check(const std::string& k) override { return client_->check(k); }
+  status set_within(const std::string& k, const std::string& v, deadline r) override {
+    return client_->set_within(k, v, r);
+  }
+  result<std::int64_t> add_within(const std::string& k, std::int64_t x, deadline r) override {
+    return client_->add_within(k, x, r);
+  }
+  result<std::string> get_within(const std::string& k, deadline d, deadline r) override {
+    return client_->get_within(k, d, r);
+  }
 
  private:
   std::unique_ptr<store_server> server_;  // destroyed after client_

@@ -144,8 +144,14 @@ inline std::string errno_text(int e) {
 
 /// Keepalive: probe after 10 s idle, every 5 s, give up after 3 misses, so a
 /// peer whose host died (no FIN/RST ever comes) is noticed in ~25 s instead of
-/// the kernel default of two hours. A dead *process* is seen at once (its
-/// kernel closes the sockets).
+/// the kernel default of two hours. Linux sends no keepalive probes while sent
+/// data waits for its acknowledgement; then it retransmits for ~15 minutes
+/// (tcp_retries2), so TCP_USER_TIMEOUT bounds that too, at the same 25 s. A
+/// live peer's kernel acknowledges within moments even when the process is
+/// late or busy: a sender here never has more in flight than the receiver
+/// granted (a rank 45 s late over tcp: no error). A dead *process* is seen at
+/// once (its kernel closes the sockets).
+/// Test: tests/netns host_lost.
 inline constexpr int keepalive_idle_s = 10;
 inline constexpr int keepalive_interval_s = 5;
 inline constexpr int keepalive_count = 3;
@@ -165,6 +171,10 @@ inline status set_socket_options(int fd, int sockbuf) {
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+#endif
+#if defined(TCP_USER_TIMEOUT)
+  const unsigned user_ms = unsigned(keepalive_idle_s + keepalive_interval_s * keepalive_count) * 1000u;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 #endif
   if (sockbuf > 0) {
     (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof sockbuf);

@@ -76,28 +76,40 @@ class store_client final : public cclite::store {
   const std::string& endpoint() const noexcept { return sock_.endpoint(); }
 
   status set(const std::string& key, const std::string& value) override {
+    return set_within(key, value, deadline::never());
+  }
+
+  result<std::string> get(const std::string& key, deadline until) override {
+    return get_within(key, until, deadline::never());
+  }
+
+  result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
+    return add_within(key, delta, deadline::never());
+  }
+
+  status set_within(const std::string& key, const std::string& value, deadline reply_by) override {
     CCLITE_TRY(check_args(key, value.size()));
     proto::reply_header rh;
     std::string rv;
-    CCLITE_TRY(call(proto::op::set, key, value, 0, deadline::after(op_timeout_), true, rh, rv));
+    CCLITE_TRY(call(proto::op::set, key, value, 0, op_deadline(reply_by), true, rh, rv));
     if (rh.status != proto::reply_status::ok)
       return make_error(errc::resource_exhausted, "store set of key '%s' refused by %s: %s",
                         proto::printable(key).c_str(), endpoint().c_str(), rv.c_str());
     return {};
   }
 
-  result<std::string> get(const std::string& key, deadline until) override {
+  result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override {
     CCLITE_TRY(check_args(key, 0));
     auto t0 = clock::now();
     for (;;) {
       proto::reply_header rh;
       std::string rv;
-      auto chunk = until.remaining(max_wait_chunk);
+      auto chunk = deadline::min(until, reply_by).remaining(max_wait_chunk);
       CCLITE_TRY(call(proto::op::get, key, {}, static_cast<std::uint32_t>(chunk.count()),
-                      deadline::after(chunk + grace()), true, rh, rv));
+                      deadline::min(reply_by, deadline::after(chunk + grace())), true, rh, rv));
       if (rh.status == proto::reply_status::ok) return rv;
       if (rh.status == proto::reply_status::error) return server_error(key, rv);
-      if (until.expired())
+      if (until.expired() || reply_by.expired())
         return make_error(errc::timeout,
                           "timed out after %lld ms waiting for key '%s' in the rendezvous store at %s; "
                           "did every rank start, with the same job id and endpoint?",
@@ -105,12 +117,11 @@ class store_client final : public cclite::store {
     }
   }
 
-  result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
+  result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) override {
     CCLITE_TRY(check_args(key, 8));
     proto::reply_header rh;
     std::string rv;
-    CCLITE_TRY(
-        call(proto::op::add, key, proto::i64_bytes(delta), 0, deadline::after(op_timeout_), false, rh, rv));
+    CCLITE_TRY(call(proto::op::add, key, proto::i64_bytes(delta), 0, op_deadline(reply_by), false, rh, rv));
     if (rh.status == proto::reply_status::error) return server_error(key, rv);
     if (rh.status != proto::reply_status::ok || rv.size() != 8) return bad_reply("add");
     return proto::get_i64(reinterpret_cast<const std::uint8_t*>(rv.data()));
@@ -153,6 +164,7 @@ class store_client final : public cclite::store {
       : sock_(host, port, "rank 0", hook), op_timeout_(op_timeout) {}
 
   milliseconds grace() const { return std::min(op_timeout_, milliseconds(30000)); }
+  deadline op_deadline(deadline reply_by) const { return deadline::min(reply_by, deadline::after(op_timeout_)); }
   static long long elapsed_ms(clock::time_point t0) { return detail::elapsed_ms(t0); }
 
   static status check_args(const std::string& key, std::size_t value_len) {

@@ -88,25 +88,38 @@ class torch_store_client final : public cclite::store {
   dialect protocol() const noexcept { return dialect_; }
 
   status set(const std::string& key, const std::string& value) override {
-    CCLITE_TRY(check_args(key, value.size()));
-    std::string q = key_query(q_set, key);
-    put_string(q, value);
-    return round_trip("set", key, true, deadline::after(op_timeout_), std::move(q), nullptr, 0, nullptr);
+    return set_within(key, value, deadline::never());
   }
 
   result<std::string> get(const std::string& key, deadline until) override {
-    CCLITE_TRY(wait({key}, until));  // torch's server drops a client that gets a missing key
-    std::string value;
-    CCLITE_TRY(round_trip("get", key, true, deadline::after(op_timeout_), key_query(q_get, key), nullptr, 0, &value));
-    return value;
+    return get_within(key, until, deadline::never());
   }
 
   result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
+    return add_within(key, delta, deadline::never());
+  }
+
+  status set_within(const std::string& key, const std::string& value, deadline reply_by) override {
+    CCLITE_TRY(check_args(key, value.size()));
+    std::string q = key_query(q_set, key);
+    put_string(q, value);
+    return round_trip("set", key, true, op_deadline(reply_by), std::move(q), nullptr, 0, nullptr);
+  }
+
+  result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override {
+    // torch's server drops a client that gets a missing key: wait for it first
+    CCLITE_TRY(wait({key}, deadline::min(until, reply_by)));
+    std::string value;
+    CCLITE_TRY(round_trip("get", key, true, op_deadline(reply_by), key_query(q_get, key), nullptr, 0, &value));
+    return value;
+  }
+
+  result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) override {
     CCLITE_TRY(check_args(key, 0));
     std::string q = key_query(q_add, key);
     put_u64(q, static_cast<std::uint64_t>(delta));
     std::uint8_t v[8];
-    status st = round_trip("add", key, false, deadline::after(op_timeout_), std::move(q), v, 8, nullptr);
+    status st = round_trip("add", key, false, op_deadline(reply_by), std::move(q), v, 8, nullptr);
     if (st.code() == errc::peer_lost)  // torch's server drops a client whose add fails
       return make_error(errc::peer_lost,
                         "%s (torch's store closes the connection when the value of the key is not an integer)",
@@ -146,6 +159,8 @@ class torch_store_client final : public cclite::store {
   // Query types in torch 2.x's numbering; torch 1.x's are one less (no validate).
   static constexpr std::uint8_t q_validate = 0, q_set = 1, q_get = 3, q_add = 4, q_check = 5, q_wait = 6;
   static constexpr std::uint32_t validate_magic = 0x3C85F7CE;
+
+  deadline op_deadline(deadline reply_by) const { return deadline::min(reply_by, deadline::after(op_timeout_)); }
 
   torch_store_client(const std::string& host, std::uint16_t port, milliseconds op_timeout, std::string prefix,
                      dialect d)
