@@ -281,6 +281,54 @@ TEST_CASE("tcp: endpoints round-trip through their store text") {
   }
 }
 
+TEST_CASE("tcp: listener probes: refused twice is a lost process, silent for 25 s a lost host") {
+  using tcp::detail::listener_probe;
+  using tcp::detail::probe_answer;
+  using verdict = listener_probe::verdict;
+  const auto t0 = clock::now();
+  const auto at = [&](int ms) { return t0 + milliseconds(ms); };
+  {
+    listener_probe p(t0);
+    CHECK_FALSE(p.due(at(999)));
+    CHECK(p.due(at(1000)));
+    CHECK(p.record(probe_answer::refused, at(1000)) == verdict::waiting);
+    CHECK(p.due(at(2000)));  // confirmed 1 s later
+    CHECK(p.record(probe_answer::listening, at(2000)) == verdict::waiting);  // a refusal and then not: alive
+    CHECK(p.record(probe_answer::refused, at(4000)) == verdict::waiting);
+    CHECK(p.record(probe_answer::refused, at(5000)) == verdict::refused);
+  }
+  {
+    // Silent probes on the schedule (1, 3, 7, 15, 31 s): lost once 3 or more
+    // span silent_limit (25 s), not before; an answer in between starts over.
+    listener_probe p(t0);
+    for (int ms : {1000, 3000, 7000, 15000}) CHECK(p.record(probe_answer::silent, at(ms)) == verdict::waiting);
+    CHECK(p.record(probe_answer::silent, at(31000)) == verdict::silent);
+    CHECK(p.silent_since() == at(1000));
+    listener_probe q(t0);
+    for (int ms : {1000, 3000, 7000}) CHECK(q.record(probe_answer::silent, at(ms)) == verdict::waiting);
+    CHECK(q.record(probe_answer::listening, at(15000)) == verdict::waiting);
+    CHECK(q.record(probe_answer::silent, at(45000)) == verdict::waiting);
+    CHECK(q.record(probe_answer::silent, at(75000)) == verdict::waiting);  // 2 silences only
+    CHECK(q.record(probe_answer::unknown, at(105000)) == verdict::waiting);  // no probe made: starts over
+    CHECK(q.record(probe_answer::silent, at(135000)) == verdict::waiting);
+  }
+  // Real answers on loopback: a listener, and its port once closed.
+  auto l = tcp::detail::make_socket(AF_INET);
+  REQUIRE(l.ok());
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(l->get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(l->get(), 4) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(l->get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  auto ep = tcp::endpoint::parse("127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  REQUIRE(ep.ok());
+  CHECK(tcp::detail::probe_listener(ep.value(), milliseconds(1000)) == probe_answer::listening);
+  l = tcp::detail::make_socket(AF_INET);  // closes the listener
+  CHECK(tcp::detail::probe_listener(ep.value(), milliseconds(1000)) == probe_answer::refused);
+}
+
 TEST_CASE("tcp: settings from the environment") {
   auto c = tcp::transport_config::from_env();
   REQUIRE(c.ok());

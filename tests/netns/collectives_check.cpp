@@ -93,8 +93,9 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::seconds(4));
     std::vector<float> mine(1000, float(r)), theirs(1000, -1.0f);
     const int partner = (r + 2) % n;
-    call(c.sendrecv(mine.data(), mine.size(), partner, theirs.data(), theirs.size(), partner, cclite::dtype::float32), r,
-         "sendrecv");
+    call(c.sendrecv(mine.data(), mine.size(), partner, theirs.data(), theirs.size(), partner,
+                    cclite::dtype::float32),
+         r, "sendrecv");
     expect(theirs[999] == float(partner), r, "sendrecv from r + 2");
     std::printf("collectives_check: rank %d: sendrecv with rank %d passed\n", r, partner);
     return failures ? 1 : 0;

@@ -6,7 +6,7 @@ add_executable(collectives_check ${CMAKE_CURRENT_LIST_DIR}/collectives_check.cpp
 target_link_libraries(collectives_check PRIVATE cclite::cclite)
 
 if(TARGET cclite-run)
-  foreach(case 2x2 3x1 hostnames ifname ifname_auto ifname_wrong agent_killed host_lost elastic elastic_grow rdzv_id srun srun_agents trace_request)
+  foreach(case 2x2 3x1 hostnames ifname ifname_auto ifname_wrong agent_killed host_lost host_lost_connect elastic elastic_grow rdzv_id srun srun_agents trace_request)
     add_test(NAME netns_${case} COMMAND sh ${CMAKE_CURRENT_LIST_DIR}/netns_test.sh ${case})
     set_tests_properties(netns_${case} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 240 LABELS netns
       ENVIRONMENT "CCLITE_BIN_DIR=${CMAKE_RUNTIME_OUTPUT_DIRECTORY}")

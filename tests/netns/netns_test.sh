@@ -34,16 +34,16 @@
 #                 exits outside cclite while rank 1 (node 0) computes: node 0's
 #                 cclite-run, told of node 1's failure, asks rank 1 for its file
 #                 before stopping it, and cclite-trace names rank 1's last call
-#   host_lost     2 nodes x 2 ranks started directly (no agents): a node goes
-#                 silent mid-job (its link deleted, its processes killed, so no
-#                 FIN or RST ever leaves it): the other node's ranks get
-#                 peer_lost naming it ("host down or network cut") within about
-#                 30 s, long before CCLITE_TIMEOUT; then the same with node 0,
-#                 the host of the ranks' store
+#   host_lost     jobs of 2 nodes x 2 ranks started directly (no agents): a
+#                 node goes silent mid-job (its link deleted, its processes
+#                 killed, so no FIN or RST ever leaves it): the other node's
+#                 ranks get peer_lost naming it ("host down or network cut")
+#                 within about 30 s, long before CCLITE_TIMEOUT; the same for
+#                 the host of the job's store
 #   host_lost_connect  the same, with the node lost before a first
 #                 connection to it (a sendrecv with rank r + 2 after init):
 #                 the connecting ranks find no answer, the accepting ones
-#                 probe the silent listener; peer_lost within about 35 s
+#                 probe the silent listener (or the silent store)
 #   srun_agents   2 nodes, one cclite-run per node started as srun starts a
 #                 task (its variables; no --nnodes, no endpoint), 2 workers
 #                 each: the agents meet on node0 at a port from the job id
@@ -233,105 +233,86 @@ agent_killed)
   kill_agent 1   # a node
   kill_agent 0   # the node that hosts the agents' store
   ;;
-host_lost)
-  # lose_host V: ranks 0-3 (2 per node; rank 0 on node 0 hosts the store)
-  # start as a launcher without agents would start them, run every collective
-  # and then allreduces until stopped; node V then goes silent. Node O's ranks
-  # must fail with peer_lost naming nodeV, found by TCP keepalive and
-  # TCP_USER_TIMEOUT (25 s) and not by the 300 s deadline; over a lost store
-  # host, recording the failure must not keep them (3 s each, not 30 s).
-  lose_host() {
-    v=$1; o=$((1 - $1))
-    nodes_up 2
-    i=0
-    while [ "$i" -lt 2 ]; do
-      node_run "$i" "$LOGS/lost$v-node$i.log" env CCLITE_TIMEOUT=300 WORLD_SIZE=4 MASTER_ADDR="$(node_addr 0)" \
-        MASTER_PORT=29500 sh -c 'RANK=$(($1 * 2)) LOCAL_RANK=0 "$0" --count 262144 --repeat 100000000 & a=$!
-          RANK=$(($1 * 2 + 1)) LOCAL_RANK=1 "$0" --count 262144 --repeat 100000000 & b=$!
-          wait $a; x=$?; wait $b; y=$?; echo "ranks exited $x $y"' "$BIN/collectives_check" "$i"
-      i=$((i + 1))
+host_lost | host_lost_connect)
+  # Jobs of ranks 0-3 on two nodes each (2 ranks per node), started as a
+  # launcher without agents starts them (cclite-run's heartbeats would notice
+  # a silent node first); one node of each job goes silent: its link is
+  # deleted, which takes both ends (nothing it sends leaves it, no FIN or RST),
+  # then its processes are killed. The jobs run side by side: each loss takes
+  # ~30 s to find, by timers, and CCLITE_TIMEOUT is 300 s.
+  #
+  # start_job FIRST NAME STORE ARGS...: the job NAME on nodes FIRST, FIRST+1;
+  # STORE "tcp": rank 0 (node FIRST) hosts the store; "file": a directory
+  # every node sees (CCLITE_RDZV_DIR), which outlives any node.
+  start_job() {
+    first=$1; name=$2; kind=$3; shift 3
+    if [ "$kind" = tcp ]; then store="MASTER_ADDR=$(node_addr "$first") MASTER_PORT=29500"
+    else store="CCLITE_RDZV_DIR=$LOGS/$name.rdzv"; fi
+    for i in 0 1; do
+      # shellcheck disable=SC2086
+      node_run $((first + i)) "$LOGS/$name-node$((first + i)).log" env CCLITE_TIMEOUT=300 WORLD_SIZE=4 $store \
+        sh -c 'n=$1; shift; RANK=$((n * 2)) LOCAL_RANK=0 "$0" "$@" & a=$!
+          RANK=$((n * 2 + 1)) LOCAL_RANK=1 "$0" "$@" & b=$!
+          wait $a; x=$?; wait $b; y=$?; echo "ranks exited $x $y"' "$BIN/collectives_check" "$i" "$@"
     done
+  }
+  # wait_lines PATTERN N: until the jobs' logs have N lines matching PATTERN.
+  wait_lines() {
     n=0
-    until [ "$(cat "$LOGS"/lost$v-node*.log 2>/dev/null | grep -c "iteration 1")" = 4 ]; do
+    until [ "$(cat "$LOGS"/*.log 2>/dev/null | grep -c -- "$1")" = "$2" ]; do
       n=$((n + 1))
-      [ "$n" -lt 300 ] || { fail "the job never got going"; finish; }
+      [ "$n" -lt 300 ] || { fail "the jobs never got going"; finish; }
       sleep 0.2
     done
+  }
+  silence() {
+    for v in "$@"; do
+      ip -n "$(node_ns "$v")" link del eth0 || fail "cannot delete node $v's link"
+      for p in $(ip netns pids "$(node_ns "$v")"); do kill -9 "$p" 2>/dev/null; done
+    done
+  }
+  # survivors NAME O V CALL PATTERN: node O's ranks (of job NAME) both failed
+  # CALL with peer_lost, node V lost; one names it as PATTERN says. Without a
+  # store (node V hosted it) the other reports what woke it (a closed link).
+  survivors() {
+    name=$1; o=$2; v=$3; call=$4; pattern=$5
+    node_wait "$o" 90
+    eval "rc=\$NODE_RC_$o"
+    echo "$name: node $v lost, node $o's ranks ended $(($(date +%s) - t0)) s later"
+    [ "$rc" != 124 ] || fail "$name: node $o's ranks still ran 90 s after node $v was lost (CCLITE_TIMEOUT is 300 s)"
+    log="$LOGS/$name-node$o.log"
+    grep_log "$log" "ranks exited 1 1" "$name: both ranks of node $o failed"
+    r=$(( (o > v) * 2 ))  # node O's first rank: 0 on the job's first node, 2 on its second
+    for r in $r $((r + 1)); do
+      grep_log "$log" "collectives_check: rank $r: $call failed: peer_lost: " "$name: rank $r fails with peer_lost"
+    done
+    grep_log "$log" "$call failed: peer_lost: .*(node$v, pid [0-9]*)$pattern" "$name: a rank of node $o names node $v and why"
+  }
+  nodes_up 6
+  if [ "$CASE" = host_lost ]; then
+    # Mid-job: every collective, then allreduces until stopped.
+    start_job 0 mid tcp --count 262144 --repeat 100000000
+    start_job 2 mid_store tcp --count 262144 --repeat 100000000
+    wait_lines "iteration 1" 8
     sleep 1
-    # Deleting the veth takes both its ends: nothing node V sends leaves it,
-    # so killing its processes afterwards only ends them.
     t0=$(date +%s)
-    ip -n "$(node_ns "$v")" link del eth0 || fail "cannot delete node $v's link"
-    for p in $(ip netns pids "$(node_ns "$v")"); do kill -9 "$p" 2>/dev/null; done
-    node_wait "$o" 90
-    eval "rc=\$NODE_RC_$o"
-    echo "node $v lost: node $o's ranks ended after $(($(date +%s) - t0)) s (status $rc)"
-    [ "$rc" != 124 ] || fail "node $o's ranks still ran 90 s after node $v was lost (CCLITE_TIMEOUT is 300 s)"
-    grep_log "$LOGS/lost$v-node$o.log" "ranks exited 1 1" "both ranks of node $o failed"
-    for r in $((o * 2)) $((o * 2 + 1)); do
-      grep_log "$LOGS/lost$v-node$o.log" "collectives_check: rank $r: allreduce (repeat) failed: peer_lost: " \
-        "rank $r fails with peer_lost"
-    done
-    # The rank that found it names the lost node and why. Without the store
-    # (round 2) the others report what woke them (a closed link of a rank
-    # that failed), not the record of the first failure.
-    grep_log "$LOGS/lost$v-node$o.log" \
-      "failed: peer_lost: .*rank [0-9] (node$v, pid [0-9]*) lost: no answer to keepalive probes or retransmissions (host down or network cut)" \
-      "a rank of node $o names the lost node and why"
-    nodes_down
-  }
-  lose_host 1
-  lose_host 0   # the store's host
-  ;;
-host_lost_connect)
-  # lose_before_connect V: ranks 0-3 as in host_lost, with --late-p2p: after
-  # init each prints "ready" and, 4 s later, exchanges with rank r + 2 (on the
-  # other node; init connected ring neighbours only). Node V goes silent in
-  # those 4 s. V = 1: node 0's ranks dial silent listeners (lower ranks
-  # connect); V = 0: node 1's ranks wait for connections that never come and
-  # probe the silent listeners (listener_probe.hpp).
-  lose_before_connect() {
-    v=$1; o=$((1 - $1))
-    nodes_up 2
-    i=0
-    while [ "$i" -lt 2 ]; do
-      node_run "$i" "$LOGS/connect$v-node$i.log" env CCLITE_TIMEOUT=300 WORLD_SIZE=4 MASTER_ADDR="$(node_addr 0)" \
-        MASTER_PORT=29500 sh -c 'RANK=$(($1 * 2)) LOCAL_RANK=0 "$0" --late-p2p & a=$!
-          RANK=$(($1 * 2 + 1)) LOCAL_RANK=1 "$0" --late-p2p & b=$!
-          wait $a; x=$?; wait $b; y=$?; echo "ranks exited $x $y"' "$BIN/collectives_check" "$i"
-      i=$((i + 1))
-    done
-    n=0
-    until [ "$(cat "$LOGS"/connect$v-node*.log 2>/dev/null | grep -c ": ready$")" = 4 ]; do
-      n=$((n + 1))
-      [ "$n" -lt 300 ] || { fail "the job never got going"; finish; }
-      sleep 0.2
-    done
+    silence 1 2
+    keepalive=" lost: no answer to keepalive probes or retransmissions (host down or network cut)"
+    survivors mid 0 1 "allreduce (repeat)" "$keepalive"
+    survivors mid_store 3 2 "allreduce (repeat)" "$keepalive"  # the store's host: 3 s for the record
+  else
+    # Before a first connection: after init (ring neighbours only), "ready",
+    # then 4 s later a sendrecv with rank r + 2, on the other node.
+    start_job 0 dial tcp --late-p2p    # node 0's ranks (lower) dial node 1's silent listeners
+    start_job 2 accept file --late-p2p  # node 3's ranks wait for node 2's and probe its listeners
+    start_job 4 nostore tcp --late-p2p  # the same, the store lost with node 4
+    wait_lines ": ready$" 12
     t0=$(date +%s)
-    ip -n "$(node_ns "$v")" link del eth0 || fail "cannot delete node $v's link"
-    for p in $(ip netns pids "$(node_ns "$v")"); do kill -9 "$p" 2>/dev/null; done
-    node_wait "$o" 90
-    eval "rc=\$NODE_RC_$o"
-    echo "node $v lost before a first connection: node $o's ranks ended after $(($(date +%s) - t0)) s"
-    [ "$rc" != 124 ] || fail "node $o's ranks still ran 90 s after node $v was lost (CCLITE_TIMEOUT is 300 s)"
-    grep_log "$LOGS/connect$v-node$o.log" "ranks exited 1 1" "both ranks of node $o failed"
-    for r in $((o * 2)) $((o * 2 + 1)); do
-      grep_log "$LOGS/connect$v-node$o.log" "collectives_check: rank $r: sendrecv failed: peer_lost: " \
-        "rank $r fails with peer_lost"
-    done
-    if [ "$v" = 1 ]; then
-      grep_log "$LOGS/connect$v-node$o.log" \
-        "sendrecv failed: peer_lost: .*connecting to rank [0-9] (node1, pid [0-9]*) at .*: no answer for [0-9]* s (last error: .*): the peer's host is down or the network is cut" \
-        "a rank of node 0 names the silent host it dialled"
-    else
-      grep_log "$LOGS/connect$v-node$o.log" \
-        "sendrecv failed: peer_lost: .*rank [0-9] (node0, pid [0-9]*) will not connect: its host does not answer at " \
-        "a rank of node 1 names the silent host it waited for"
-    fi
-    nodes_down
-  }
-  lose_before_connect 1
-  lose_before_connect 0   # the store's host
+    silence 1 2 4
+    survivors dial 0 1 sendrecv " at .*: no answer for [0-9]* s (last error: .*): the peer's host is down or the network is cut"
+    survivors accept 3 2 sendrecv " will not connect: its host does not answer at "
+    survivors nostore 5 4 sendrecv " will not connect: neither it nor the rendezvous store (which has its address) answers"
+  fi
   ;;
 elastic)
   nodes_up 3

@@ -6,16 +6,20 @@
 // the deadline (CCLITE_TIMEOUT, 30 min by default). Its listener tells: a rank
 // publishes its address only after listen(), and the kernel refuses connections
 // to a port nobody listens on any more, so a refused probe means the process
-// exited or destroyed its transport. A host that is down or unreachable does
-// not refuse; that case stays bounded by the deadline. A firewall that rejects
-// (rather than drops) connections to the lower rank's port reads as "gone"
-// too, although the job's links only ever connect the other way: the message
-// names the address, whose port must then be opened.
+// exited or destroyed its transport. A host that is down or cut off does not
+// refuse: it does not answer at all, where a live host answers a connection in
+// well under a second even when the process is busy (its kernel does); probes
+// unanswered for silent_limit (25 s, the data sockets' keepalive limit) mean
+// the host is lost. A firewall that rejects or drops connections to the lower
+// rank's port reads as "gone" too, although the job's links only ever connect
+// the other way: the message names the address, whose port must then be opened.
 //
 // Probes are few: the first after 1 s of waiting, then every 2, 4, 8 ... up to
-// 30 s, and 1 s after a refusal to confirm it (two refusals in a row: lost). A
-// live but busy peer holds them in its accept queue until its next wait_for(),
-// which closes them without a word: a probe sends the magic "CCTP" and hangs up.
+// 30 s, and 1 s after a refusal to confirm it (two refusals in a row: lost;
+// silent probes from the first to one at least silent_limit later, 3 or more:
+// lost, at ~31 s). A live but busy peer holds them in its accept queue until
+// its next wait_for(), which closes them without a word: a probe sends the
+// magic "CCTP" and hangs up.
 #pragma once
 
 #include <poll.h>
@@ -33,10 +37,12 @@ namespace cclite::tcp::detail {
 /// The first 4 bytes of a probe connection; the acceptor drops it silently.
 inline constexpr char probe_magic[4] = {'C', 'C', 'T', 'P'};
 
-enum class probe_answer { listening, refused, unknown };
+/// silent: no answer within the wait, or the host is unreachable (no route,
+/// no ARP reply); unknown: the probe could not be made.
+enum class probe_answer { listening, refused, silent, unknown };
 
 /// One connection attempt to `ep`, answered within `wait` (a live local or LAN
-/// listener answers in well under a millisecond; silence is "unknown").
+/// listener answers in well under a millisecond).
 inline probe_answer probe_listener(const endpoint& ep, milliseconds wait) {
   auto s = make_socket(ep.family());
   if (!s) return probe_answer::unknown;
@@ -44,36 +50,55 @@ inline probe_answer probe_listener(const endpoint& ep, milliseconds wait) {
   if (::connect(s->get(), ep.sa(), ep.size()) != 0) {
     e = errno;
     if (e == EINPROGRESS || e == EINTR) {
-      if (poll_one(s->get(), POLLOUT, wait) == 0) return probe_answer::unknown;
+      if (poll_one(s->get(), POLLOUT, wait) == 0) return probe_answer::silent;
       socklen_t len = sizeof e;
       if (::getsockopt(s->get(), SOL_SOCKET, SO_ERROR, &e, &len) != 0) e = errno;
     }
   }
   if (e == ECONNREFUSED) return probe_answer::refused;
+  if (e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH) return probe_answer::silent;
   if (e != 0) return probe_answer::unknown;
   (void)::send(s->get(), probe_magic, sizeof probe_magic, MSG_NOSIGNAL | MSG_DONTWAIT);
   return probe_answer::listening;  // the socket closes here
 }
 
+/// How long a host may leave connections unanswered before it counts as lost
+/// (as socket.hpp's keepalive: idle 10 s + 3 probes 5 s apart).
+inline constexpr milliseconds silent_limit{25000};
+
 /// The schedule of probes for one wait, and its verdict.
 class listener_probe {
  public:
   static constexpr milliseconds first{1000}, confirm{1000}, longest{30000};
+  /// How long one probe waits for an answer (a LAN's round trip is far less).
+  static constexpr milliseconds answer_wait{1000};
+  enum class verdict { waiting, refused, silent };
+
+  /// When the probes went unanswered first (valid after a silent verdict).
+  clock::time_point silent_since() const noexcept { return silent_since_; }
 
   /// True when a probe is due at `now`.
   bool due(clock::time_point now) const noexcept { return now >= next_; }
 
-  /// Records a probe's answer; true once the peer is lost (two refusals in a row).
-  bool record(probe_answer a, clock::time_point now) noexcept {
+  /// Records a probe's answer: refused twice in a row, or silent 3 times or
+  /// more over silent_limit, and the peer is lost.
+  verdict record(probe_answer a, clock::time_point now) noexcept {
     if (a == probe_answer::refused) {
-      if (++refusals_ >= 2) return true;
+      silences_ = 0;
+      if (++refusals_ >= 2) return verdict::refused;
       next_ = now + confirm;
-      return false;
+      return verdict::waiting;
     }
     refusals_ = 0;
+    if (a != probe_answer::silent) {
+      silences_ = 0;
+    } else {
+      if (silences_++ == 0) silent_since_ = now;
+      if (silences_ >= 3 && now - silent_since_ >= silent_limit) return verdict::silent;
+    }
     next_ = now + interval_;
     interval_ = interval_ * 2 < longest ? interval_ * 2 : longest;
-    return false;
+    return verdict::waiting;
   }
 
   /// Starts the schedule of a wait that begins at `start`.
@@ -83,6 +108,8 @@ class listener_probe {
   clock::time_point next_;
   milliseconds interval_{2000};
   int refusals_ = 0;
+  int silences_ = 0;
+  clock::time_point silent_since_{};
 };
 
 }  // namespace cclite::tcp::detail

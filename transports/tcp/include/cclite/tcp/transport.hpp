@@ -6,11 +6,14 @@
 //   connect(p, t)    lower rank of the pair: connects nsocks sockets to the
 //                    higher rank's address (retrying refused connections with
 //                    backoff until `t`), sends a hello on each (hello.hpp) and
-//                    waits for the acks. Higher rank: accepts until it holds
-//                    all nsocks sockets of rank p, keeping sockets of other
-//                    peers for their own connect(), then acks them; a lower
-//                    rank that is gone is peer_lost within seconds (its
-//                    listener refuses probes: listener_probe.hpp), not at `t`.
+//                    waits for the acks; refused for 10 s, or no answer for
+//                    25 s (its host lost), is peer_lost. Higher rank: accepts
+//                    until it holds all nsocks sockets of rank p, keeping
+//                    sockets of other peers for their own connect(), then acks
+//                    them; a lower rank that is gone is peer_lost within
+//                    seconds (its listener refuses probes), one whose host is
+//                    lost within ~31 s (probes unanswered: listener_probe.hpp),
+//                    not at `t`.
 //                    Connections that are not from this job (bad magic, other
 //                    job tag, wrong rank, bad index, silent for 30 s) are
 //                    logged with one WARN line and closed; the job goes on.
@@ -276,14 +279,16 @@ class transport {
   // One connected socket to `ep`; refused/unreachable attempts are retried with
   // backoff (5 ms doubling to 500 ms) until `until`. The address is published
   // only after listen(), so refusals that go on for refused_limit mean the peer's
-  // listener is gone (process dead, transport destroyed): peer_lost rather than
-  // waiting out a 30-minute CCLITE_TIMEOUT.
+  // listener is gone (process dead, transport destroyed), and attempts that get
+  // no answer for detail::silent_limit mean its host is (listener_probe.hpp):
+  // peer_lost rather than waiting out a 30-minute CCLITE_TIMEOUT.
   result<socket_fd> dial(const endpoint& ep, deadline until, const std::string& what,
                          clock::time_point start) {
     milliseconds backoff(5);
     int last = 0;
-    clock::time_point refused_since{};
+    clock::time_point refused_since{}, silent_since{};
     for (;;) {
+      const auto attempt = clock::now();
       if (ctx_.is_aborted()) return make_error(errc::aborted, "communicator aborted while %s", what.c_str());
       if (until.expired()) {
         return make_error(errc::timeout, "timed out after %.1f s %s (last error: %s); check that the "
@@ -310,6 +315,20 @@ class transport {
       }
       if (e == 0) return std::move(s.value());
       last = e;
+      // No answer at all (TCP_USER_TIMEOUT ends a connect after silent_limit)
+      // or no route / ARP reply: the host is down or cut off, not just slow.
+      const bool silent = e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH;
+      if (!silent) {
+        silent_since = {};
+      } else if (silent_since == clock::time_point{}) {
+        silent_since = attempt;
+      }
+      if (silent && clock::now() - silent_since >= detail::silent_limit) {
+        return make_error(errc::peer_lost,
+                          "%s: no answer for %.0f s (last error: %s): the peer's host is down or the network "
+                          "is cut",
+                          what.c_str(), since(silent_since), detail::errno_text(e).c_str());
+      }
       if (e != ECONNREFUSED) {
         refused_since = {};
       } else if (refused_since == clock::time_point{}) {
@@ -338,17 +357,35 @@ class transport {
             address = std::string()]() mutable {
       const auto now = clock::now();
       if (!probe.due(now)) return status();
+      auto answer = detail::probe_answer::unknown;
       if (address.empty()) {  // published at its publish(), before any connect()
-        auto text = ctx_.kv->get(key(peer), deadline::after(milliseconds(0)));
+        // The store may be as silent as the peer (rank 0's host, lost with
+        // it): a store that does not answer, or cannot be reached (a lost
+        // host's address fails at once once ARP gave up), counts as a silent
+        // probe; only a store that says the key is not there does not.
+        const auto reply_by = deadline::after(detail::listener_probe::answer_wait);
+        auto text = ctx_.kv->get_within(key(peer), deadline::after(milliseconds(0)), reply_by);
         auto parsed = text ? endpoint::parse(text.value()) : result<endpoint>(text.error());
         if (parsed) {
           ep = parsed.value();
           address = text.value();
+        } else if (!text && (reply_by.expired() || text.error().code() == errc::peer_lost)) {
+          answer = detail::probe_answer::silent;
         }
       }
-      const auto answer =
-          address.empty() ? detail::probe_answer::unknown : detail::probe_listener(ep, milliseconds(200));
-      if (!probe.record(answer, now)) return status();
+      if (!address.empty()) answer = detail::probe_listener(ep, detail::listener_probe::answer_wait);
+      const auto v = probe.record(answer, now);
+      if (v == detail::listener_probe::verdict::waiting) return status();
+      if (v == detail::listener_probe::verdict::silent && address.empty())
+        return make_error(errc::peer_lost,
+                          "%s will not connect: neither it nor the rendezvous store (which has its address) "
+                          "answers (for %.0f s: host down or network cut); noticed after waiting %.1f s for it",
+                          describe(peer).c_str(), since(probe.silent_since()), since(start));
+      if (v == detail::listener_probe::verdict::silent)
+        return make_error(errc::peer_lost,
+                          "%s will not connect: its host does not answer at %s (connections unanswered for "
+                          "%.0f s: host down or network cut); noticed after waiting %.1f s for it",
+                          describe(peer).c_str(), address.c_str(), since(probe.silent_since()), since(start));
       return make_error(errc::peer_lost,
                         "%s will not connect: its tcp listener at %s refuses connections (the process "
                         "exited or destroyed its communicator); noticed after waiting %.1f s for it",
