@@ -145,6 +145,17 @@ TEST_CASE("torch store client: semantics in torch 1.x's and 2.x's dialect") {
     CHECK(c->get("a", deadline::after(milliseconds(2000))).value() == bin);
     CHECK(srv.connections_accepted() > before);
 
+    // A get of what is there now (deadline already passed): a check, then
+    // the value; a missing key is a timeout on the same connection.
+    const int kept = srv.connections_accepted();
+    CHECK(c->get("a", deadline::after(milliseconds(0))).value() == bin);
+    auto now_missing = c->get("missing", deadline::after(milliseconds(0)));
+    REQUIRE_FALSE(now_missing.ok());
+    CHECK(now_missing.error().code() == errc::timeout);
+    CHECK(contains(now_missing.error().message(), "'missing' is not in torchrun's store"));
+    CHECK(c->get_within("n", deadline::after(milliseconds(0)), deadline::after(milliseconds(2000))).value() == "-2");
+    CHECK(srv.connections_accepted() == kept);
+
     // A waiter on one connection is woken by a set on another.
     auto other = open_client(srv.port(), v.expect);
     std::thread late([&] {

@@ -107,8 +107,19 @@ class torch_store_client final : public cclite::store {
   }
 
   result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override {
-    // torch's server drops a client that gets a missing key: wait for it first
-    CCLITE_TRY(wait({key}, deadline::min(until, reply_by)));
+    // torch's server drops a client that gets a missing key: wait for it
+    // first, or, when `until` has passed already (a get of what is there
+    // now), check: a wait with no time left would be cut off before its
+    // reply and cost the connection.
+    if (until.expired()) {
+      auto there = check_within(key, reply_by);
+      if (!there) return there.error();
+      if (!there.value())
+        return make_error(errc::timeout, "key '%s' is not in torchrun's store at %s",
+                          proto::printable(key, 80).c_str(), endpoint().c_str());
+    } else {
+      CCLITE_TRY(wait({key}, deadline::min(until, reply_by)));
+    }
     std::string value;
     CCLITE_TRY(round_trip("get", key, true, op_deadline(reply_by), key_query(q_get, key), nullptr, 0, &value));
     return value;
@@ -146,16 +157,17 @@ class torch_store_client final : public cclite::store {
                       elapsed_ms(t0), names.c_str(), endpoint().c_str());
   }
 
-  result<bool> check(const std::string& key) override {
-    CCLITE_TRY(check_args(key, 0));
-    std::uint8_t r = 0;
-    CCLITE_TRY(
-        round_trip("check", key, true, deadline::after(op_timeout_), keys_query(q_check, {key}), &r, 1, nullptr));
-    if (r > 1) return bad_reply("check", key);
-    return r == 0;
-  }
+  result<bool> check(const std::string& key) override { return check_within(key, deadline::never()); }
 
  private:
+  result<bool> check_within(const std::string& key, deadline reply_by) {
+    CCLITE_TRY(check_args(key, 0));
+    std::uint8_t r = 0;
+    CCLITE_TRY(round_trip("check", key, true, op_deadline(reply_by), keys_query(q_check, {key}), &r, 1, nullptr));
+    if (r > 1) return bad_reply("check", key);
+    return r == 0;  // torch's "ready"
+  }
+
   // Query types in torch 2.x's numbering; torch 1.x's are one less (no validate).
   static constexpr std::uint8_t q_validate = 0, q_set = 1, q_get = 3, q_add = 4, q_check = 5, q_wait = 6;
   static constexpr std::uint32_t validate_magic = 0x3C85F7CE;
