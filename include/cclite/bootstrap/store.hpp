@@ -81,6 +81,25 @@ class store {
   }
 };
 
+/// Base of the stores that bound every call themselves (the clients of a
+/// store server): set(), get() and add() are the bounded calls without a
+/// bound of the caller's, so each client writes the round trip once.
+class bounded_store : public store {
+ public:
+  status set(const std::string& key, const std::string& value) override {
+    return set_within(key, value, deadline::never());
+  }
+  result<std::string> get(const std::string& key, deadline until) override {
+    return get_within(key, until, deadline::never());
+  }
+  result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
+    return add_within(key, delta, deadline::never());
+  }
+  status set_within(const std::string& key, const std::string& value, deadline reply_by) override = 0;
+  result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) override = 0;
+  result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override = 0;
+};
+
 /// A view of another store with every key prefixed by `prefix` (Gloo's
 /// PrefixStore): lets a communicator and its sub-communicators share one store.
 class prefix_store final : public store {

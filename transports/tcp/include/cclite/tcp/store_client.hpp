@@ -46,7 +46,7 @@ namespace cclite::tcp {
 /// Bound on set / add / check (and on a reconnect) when connect() is not told otherwise.
 inline constexpr milliseconds default_store_op_timeout{300000};
 
-class store_client final : public cclite::store {
+class store_client final : public cclite::bounded_store {
  public:
   /// Connects to the store server at host:port (a name, an IPv4 address, or an
   /// IPv6 address with or without brackets), retrying refused and failed
@@ -74,18 +74,6 @@ class store_client final : public cclite::store {
 
   /// "host:port" of the server, as used in messages.
   const std::string& endpoint() const noexcept { return sock_.endpoint(); }
-
-  status set(const std::string& key, const std::string& value) override {
-    return set_within(key, value, deadline::never());
-  }
-
-  result<std::string> get(const std::string& key, deadline until) override {
-    return get_within(key, until, deadline::never());
-  }
-
-  result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
-    return add_within(key, delta, deadline::never());
-  }
 
   status set_within(const std::string& key, const std::string& value, deadline reply_by) override {
     CCLITE_TRY(check_args(key, value.size()));

@@ -60,7 +60,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::tcp {
 
-class torch_store_client final : public cclite::store {
+class torch_store_client final : public cclite::bounded_store {
  public:
   /// Which numbering of query types the server speaks (header comment).
   enum class dialect : std::uint8_t { unknown = 0, torch1 = 1, torch2 = 2 };
@@ -86,18 +86,6 @@ class torch_store_client final : public cclite::store {
   const std::string& endpoint() const noexcept { return sock_.endpoint(); }
   /// The dialect found (or given).
   dialect protocol() const noexcept { return dialect_; }
-
-  status set(const std::string& key, const std::string& value) override {
-    return set_within(key, value, deadline::never());
-  }
-
-  result<std::string> get(const std::string& key, deadline until) override {
-    return get_within(key, until, deadline::never());
-  }
-
-  result<std::int64_t> add(const std::string& key, std::int64_t delta) override {
-    return add_within(key, delta, deadline::never());
-  }
 
   status set_within(const std::string& key, const std::string& value, deadline reply_by) override {
     CCLITE_TRY(check_args(key, value.size()));
