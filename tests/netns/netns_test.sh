@@ -39,7 +39,9 @@
 #                 killed, so no FIN or RST ever leaves it): the other node's
 #                 ranks get peer_lost naming it ("host down or network cut")
 #                 within about 30 s, long before CCLITE_TIMEOUT; the same for
-#                 the host of the job's store
+#                 the host of the job's store; and under cclite-run, the
+#                 agents' store host: the other node's agent stops its
+#                 workers and exits once the store is silent (--node-timeout)
 #   host_lost_connect  the same, with the node lost before a first
 #                 connection to it (a sendrecv with rank r + 2 after init):
 #                 the connecting ranks find no answer, the accepting ones
@@ -288,19 +290,37 @@ host_lost | host_lost_connect)
     done
     grep_log "$log" "$call failed: peer_lost: .*(node$v, pid [0-9]*)$pattern" "$name: a rank of node $o names node $v and why"
   }
-  nodes_up 6
   if [ "$CASE" = host_lost ]; then
+    nodes_up 8
     # Mid-job: every collective, then allreduces until stopped.
     start_job 0 mid tcp --count 262144 --repeat 100000000
     start_job 2 mid_store tcp --count 262144 --repeat 100000000
-    wait_lines "iteration 1" 8
+    # Under cclite-run on nodes 6 and 7; node 6 hosts the agents' store and
+    # goes silent: node 7's agent finds the store silent (its heartbeat's
+    # set, bounded by --node-timeout) before its workers find their peers
+    # silent (25 s), stops them and exits without asking the store again.
+    for i in 6 7; do
+      node_run "$i" "$LOGS/agents-node$i.log" env CCLITE_TIMEOUT=300 "$BIN/cclite-run" --nnodes 2 \
+        --nproc-per-node 2 --rdzv-id "t$$" --rdzv-endpoint "$(node_addr 6):29400" --rdzv-timeout 60 \
+        --node-timeout 10 --timeout 200 "$BIN/collectives_check" --count 65536 --repeat 100000000
+    done
+    wait_lines "iteration 1" 12
     sleep 1
     t0=$(date +%s)
-    silence 1 2
+    silence 1 2 6
     keepalive=" lost: no answer to keepalive probes or retransmissions (host down or network cut)"
+    node_wait 7 90  # first: it ends first (~11 s)
+    echo "agents: node 6 lost, node 7's cclite-run ended $(($(date +%s) - t0)) s later"
+    [ "$NODE_RC_7" = 1 ] || fail "agents: node 7's cclite-run exited $NODE_RC_7, wanted 1 (the store lost) within 90 s"
+    grep_log "$LOGS/agents-node7.log" \
+      "^cclite-run: lost the rendezvous store on host node6: .* is the cclite-run agent there stuck or overloaded?; stopping the 2 workers on this node" \
+      "agents: node 7's cclite-run names the store's host and stops its workers"
+    left=$(ip netns pids "$(node_ns 7)" | wc -l)
+    [ "$left" = 0 ] || fail "agents: $left processes left on node 7 after its cclite-run exited"
     survivors mid 0 1 "allreduce (repeat)" "$keepalive"
     survivors mid_store 3 2 "allreduce (repeat)" "$keepalive"  # the store's host: 3 s for the record
   else
+    nodes_up 6
     # Before a first connection: after init (ring neighbours only), "ready",
     # then 4 s later a sendrecv with rank r + 2, on the other node.
     start_job 0 dial tcp --late-p2p    # node 0's ranks (lower) dial node 1's silent listeners

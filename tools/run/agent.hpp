@@ -118,6 +118,7 @@ class agent : private agent_round {
              " (start the same command on the node that owns " + ep_.host +
              ", or check the address and firewall)";
     store_ = std::move(c.value());
+    store_->set_owner(store_owner);
     pfx_ = "cclite-run/" + o.rdzv_id + "/";
     if (server_) info("hosting the rendezvous store on " + server_->address());
 
@@ -139,7 +140,7 @@ class agent : private agent_round {
   /// Fills in `r` as join() does.
   std::string next_round(rendezvous& r) {
     watch_.stop();
-    (void)store_->set(key("left/" + me()), "1");
+    (void)store_->set_within(key("left/" + me()), "1", deadline::after(store_budget_on_exit));
     ++round_;
     return join_round(r, deadline::after(to_ms(o_->rdzv_timeout_s)));
   }
@@ -172,7 +173,7 @@ class agent : private agent_round {
   std::optional<job_event> exit_barrier(int signal_fd, TakeSignal take_signal) {
     if (!store_) return std::nullopt;
     if (!ok(store_->set(key("done/" + me()), "1")))
-      return job_event{"lost the rendezvous store at " + ep_text_ + " (its agent gone?)", 1, false};
+      return job_event{"lost the rendezvous store at " + ep_text_ + " (the cclite-run agent there gone?)", 1, false};
     for (;;) {
       int done = 0;
       for (int k = 0; k < group_; ++k) {
@@ -189,12 +190,14 @@ class agent : private agent_round {
 
   /// Leaves the job for good with exit status `code`. The host keeps serving
   /// until every other node has left (they may still need to read the
-  /// failure) or a few seconds pass.
+  /// failure) or a few seconds pass. A store that went away (its host lost)
+  /// is not asked again: cclite-run exits as soon as its workers are stopped.
   void leave(int code) {
     watch_.stop();
-    if (!store_) return;
-    (void)store_->set(gkey("over"), std::to_string(code));  // newcomers waiting for a round stop
-    (void)store_->set(key("left/" + me()), "1");
+    if (!store_ || watch_.store_lost()) return;
+    const auto by = deadline::after(store_budget_on_exit);
+    (void)store_->set_within(gkey("over"), std::to_string(code), by);  // newcomers waiting for a round stop
+    (void)store_->set_within(key("left/" + me()), "1", by);
     linger(std::chrono::seconds(10) + to_ms(o_->node_timeout_s));
   }
 

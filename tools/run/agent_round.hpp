@@ -100,7 +100,7 @@ class agent_round : protected agent_state {
       // must not: the job runs on without it.
       if (node_ >= 0 && (group_ == 0 || node_ < group_)) {
         publish_failure(err + " (node " + me() + ", host " + host_ + ")", 1, false);
-        (void)store_->set(key("left/" + me()), "1");
+        (void)store_->set_within(key("left/" + me()), "1", deadline::after(store_budget_on_exit));
       }
       linger(std::chrono::seconds(10));
       return err;
@@ -218,6 +218,7 @@ class agent_round : protected agent_state {
                                         deadline::min(until, deadline::after(std::chrono::seconds(30))),
                                         op_timeout(), user_token());
     if (!c) return "cannot open a second connection to the rendezvous: " + c.error().message();
+    c.value()->set_owner(store_owner);
     watch_.start(std::move(c.value()), {key(""), node_, nodes_, o_->nnodes, o_->node_timeout_s, ep_text_});
     return {};
   }

@@ -32,6 +32,9 @@ namespace cclite::run {
 
 class agent_state {
  protected:
+  /// Who hosts the agents' store, as its timeouts name it ("is ... stuck or overloaded?").
+  static constexpr const char* store_owner = "the cclite-run agent there";
+
   int min_nodes() const { return o_->min_nnodes > 0 ? o_->min_nnodes : o_->nnodes; }
   std::string nnodes_text() const {
     return min_nodes() == o_->nnodes ? std::to_string(o_->nnodes)

@@ -66,17 +66,24 @@ inline job_event parse_failure(const std::string& v) {
   return e;
 }
 
+/// How long telling the store something on the way out may take (a failure,
+/// leaving): a store that does not answer by then went with its host, and
+/// this node's agent must not outlive its job by an op timeout per call.
+inline constexpr std::chrono::seconds store_budget_on_exit{5};
+
 /// Publishes `mine` as the job's failure unless one came first (an add()
-/// counter decides); returns the failure that counts.
+/// counter decides); returns the failure that counts. Within
+/// store_budget_on_exit; a store that does not answer leaves `mine`.
 inline job_event publish_failure(cclite::store& s, const std::string& round_prefix, job_event mine) {
-  auto n = s.add(round_prefix + "failures", 1);
+  const auto by = deadline::after(store_budget_on_exit);
+  auto n = s.add_within(round_prefix + "failures", 1, by);
   if (!n.ok()) return mine;
   if (n.value() == 1) {
     const char* kind = mine.rescale ? " 2 " : mine.restartable ? " 1 " : " 0 ";
-    (void)s.set(round_prefix + "failure", std::to_string(mine.exit_code) + kind + mine.message);
+    (void)s.set_within(round_prefix + "failure", std::to_string(mine.exit_code) + kind + mine.message, by);
     return mine;
   }
-  auto first = s.get(round_prefix + "failure", deadline::after(std::chrono::seconds(5)));
+  auto first = s.get_within(round_prefix + "failure", by, by);
   return first.ok() ? parse_failure(first.value()) : mine;
 }
 
@@ -128,6 +135,7 @@ class node_watch {
     }
     c_ = std::move(c);
     lost_.assign(c_.nodes.size(), false);
+    store_lost_ = false;
     thread_ = std::thread([this, s = std::shared_ptr<tcp::store_client>(std::move(conn))] { run(*s); });
   }
 
@@ -152,6 +160,10 @@ class node_watch {
 
   /// Node k was declared lost (read after stop()).
   bool lost(int k) const { return k >= 0 && k < static_cast<int>(lost_.size()) && lost_[k]; }
+
+  /// The store stopped answering (its host or its agent is gone): nothing
+  /// more can be told to the other nodes through it (read after stop()).
+  bool store_lost() const { return store_lost_; }
 
  private:
   std::string key(const std::string& k) const { return c_.prefix + k; }
@@ -180,9 +192,8 @@ class node_watch {
       std::string host = "the endpoint's machine";
       for (const node_info& ni : c_.nodes)
         if (ni.hosting) host = "host " + ni.host;
-      post({"lost the rendezvous store at " + c_.endpoint + " (" + host + "): " + st.message() +
-                "; its cclite-run agent is gone or unreachable",
-            1, false});
+      store_lost_ = true;  // before the post: leaving then skips the store
+      post({"lost the rendezvous store on " + host + ": " + st.message(), 1, false});
     };
     for (;;) {
       {
@@ -252,6 +263,7 @@ class node_watch {
   bool posted_ = false;
   std::optional<job_event> event_;
   std::vector<bool> lost_;  ///< written by the thread before it posts, read after stop()
+  bool store_lost_ = false;  ///< likewise
   int pipe_[2] = {-1, -1};
 };
 

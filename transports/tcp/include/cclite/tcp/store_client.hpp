@@ -75,6 +75,11 @@ class store_client final : public cclite::bounded_store {
   /// "host:port" of the server, as used in messages.
   const std::string& endpoint() const noexcept { return sock_.endpoint(); }
 
+  /// Who hosts the store, as a timeout or a lost connection names it ("is
+  /// rank 0 stuck or overloaded?"): "rank 0" unless told otherwise. `owner`
+  /// must outlive the client (a string literal).
+  void set_owner(const char* owner) noexcept { sock_.set_owner(owner); }
+
   status set_within(const std::string& key, const std::string& value, deadline reply_by) override {
     CCLITE_TRY(check_args(key, value.size()));
     proto::reply_header rh;

@@ -52,6 +52,8 @@ class store_socket {
 
   /// "host:port", as used in messages.
   const std::string& endpoint() const noexcept { return endpoint_; }
+  /// Who hosts the store, for messages; `owner` must outlive the socket (a literal).
+  void set_owner(const char* owner) noexcept { owner_ = owner; }
   bool is_open() const noexcept { return fd_ >= 0; }
 
   void close() {
