@@ -28,6 +28,9 @@ for p in hello_allreduce collectives_check; do
 done
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/cclite-torchrun.XXXXXX")
+# torchrun's agent makes a torchelastic_* directory per run under TMPDIR and
+# leaves it there: ours go into TMP, which a passing run removes.
+export TMPDIR="$TMP"
 # Whatever launched us must not leak a rendezvous into the ranks.
 unset MASTER_ADDR MASTER_PORT CCLITE_RDZV_ENDPOINT CCLITE_RDZV_DIR CCLITE_RDZV_ID RANK WORLD_SIZE \
   LOCAL_RANK LOCAL_WORLD_SIZE CCLITE_RANK CCLITE_WORLD_SIZE TORCHELASTIC_RUN_ID TORCHELASTIC_USE_AGENT_STORE
