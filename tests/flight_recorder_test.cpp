@@ -32,14 +32,24 @@ using cclite::test::net;
 namespace {
 
 // The communicators' deadline: set-up must fit in it (slower under a
-// sanitizer), and each hang below lasts it. A rank that stays away sleeps
-// twice as long, so the others time out rather than see it exit.
+// sanitizer), and each hang below lasts it.
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 constexpr milliseconds deadline_ms{15000};
 #else
 constexpr milliseconds deadline_ms{2500};
 #endif
-void stay_away() { std::this_thread::sleep_for(2 * deadline_ms); }
+
+// A rank that waited and timed out says so (after its call returned, so its
+// file, if any, is written).
+void timed_out(store& kv, int rank) { (void)kv.set("timed out/" + std::to_string(rank), "1"); }
+
+// A rank that stays away until every other rank has timed out (timed_out()),
+// so they time out rather than see it exit; four deadlines at most.
+void stay_away(store& kv, int me, int size) {
+  const deadline until = deadline::after(4 * deadline_ms);
+  for (int r = 0; r < size; ++r)
+    if (r != me) (void)kv.get("timed out/" + std::to_string(r), until);
+}
 
 bool has(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
 
@@ -143,15 +153,16 @@ int some_calls(default_communicator& c, int allreduces) {
 TEST_CASE("a rank that never comes: the others' files name the call, cclite-trace names the rank") {
   for (net n : {net::shm_only, net::tcp_only, net::mixed}) {
     test::temp_dir dir;
-    auto r = run_traced(4, n, dir.path, "64", [](int rank, store&, default_communicator& c) {
+    auto r = run_traced(4, n, dir.path, "64", [](int rank, store& kv, default_communicator& c) {
       if (some_calls(c, 3) != 0) return 1;
       if (rank == 3) {  // alive, but never calls allreduce #5
-        stay_away();
+        stay_away(kv, 3, 4);
         return 0;
       }
       std::vector<float> v(4096, 1.0f);
       status st = c.allreduce(v.data(), v.size());
       MP_CHECK(st.code() == errc::timeout);
+      timed_out(kv, rank);
       return 0;
     });
     INFO("net ", test::to_string(n), ": ", r.describe());
@@ -193,7 +204,7 @@ TEST_CASE("a rank that never comes: the others' files name the call, cclite-trac
 TEST_CASE("a rank waiting in another communicator's call: cclite-trace says where each side was") {
   for (net n : {net::shm_only, net::tcp_only}) {
     test::temp_dir dir;
-    auto r = run_traced(3, n, dir.path, "64", [](int rank, store&, default_communicator& a) {
+    auto r = run_traced(3, n, dir.path, "64", [](int rank, store& kv, default_communicator& a) {
       auto b = a.dup();
       MP_REQUIRE_OK(b);
       if (some_calls(a, 1) != 0 || some_calls(*b.value(), 2) != 0) return 1;
@@ -201,9 +212,9 @@ TEST_CASE("a rank waiting in another communicator's call: cclite-trace says wher
       // Ranks 0 and 1 go on in a, rank 2 in b: each side waits for the other.
       status st = rank == 2 ? b.value()->allreduce(v.data(), v.size()) : a.allreduce(v.data(), v.size());
       MP_CHECK(st.code() == errc::timeout);
-      // Stay until the other side timed out too (an exit would close links:
-      // peer_lost); both sides started waiting at about the same moment.
-      std::this_thread::sleep_for(deadline_ms / 2);
+      // Stay until the other side timed out too (an exit would close links: peer_lost).
+      timed_out(kv, rank);
+      stay_away(kv, rank, 3);
       return 0;
     });
     INFO("net ", test::to_string(n), ": ", r.describe());
@@ -243,14 +254,15 @@ TEST_CASE("ranks calling different collectives: every rank's file, and cclite-tr
 TEST_CASE("the recorder keeps the last N calls, is off by default, and refuses a bad CCLITE_TRACE_BUFFER") {
   SUBCASE("a small buffer keeps the newest calls") {
     test::temp_dir dir;
-    auto r = run_traced(2, net::shm_only, dir.path, "4", [](int rank, store&, default_communicator& c) {
+    auto r = run_traced(2, net::shm_only, dir.path, "4", [](int rank, store& kv, default_communicator& c) {
       if (some_calls(c, 9) != 0) return 1;  // calls 1-10
       if (rank == 1) {
-        stay_away();
+        stay_away(kv, 1, 2);
         return 0;
       }
       std::vector<float> v(8, 1.0f);
       MP_CHECK(c.allreduce(v.data(), v.size()).code() == errc::timeout);  // call 11
+      timed_out(kv, rank);
       return 0;
     });
     INFO(r.describe());
@@ -268,13 +280,14 @@ TEST_CASE("the recorder keeps the last N calls, is off by default, and refuses a
   }
   SUBCASE("off unless CCLITE_TRACE_BUFFER is set: no file") {
     test::temp_dir dir;
-    auto r = run_traced(2, net::shm_only, dir.path, nullptr, [](int rank, store&, default_communicator& c) {
+    auto r = run_traced(2, net::shm_only, dir.path, nullptr, [](int rank, store& kv, default_communicator& c) {
       if (rank == 1) {
-        stay_away();
+        stay_away(kv, 1, 2);
         return 0;
       }
       std::vector<float> v(8, 1.0f);
       MP_CHECK(c.allreduce(v.data(), v.size()).code() == errc::timeout);
+      timed_out(kv, rank);
       return 0;
     });
     INFO(r.describe());
@@ -381,6 +394,7 @@ TEST_CASE("a rank stuck outside cclite: files on request show the others waiting
     if (rank != 2) {  // waits in allreduce #4 for rank 2
       status st = c.allreduce(v.data(), v.size());
       MP_CHECK(st.code() == errc::timeout);
+      timed_out(kv, rank);
       return 0;
     }
     // Rank 2 "computes" instead; meanwhile it asks every rank for its file,
@@ -404,7 +418,7 @@ TEST_CASE("a rank stuck outside cclite: files on request show the others waiting
       MP_REQUIRE(has(t, "reason=SIGUSR1"));
       std::ofstream(snap + f.substr(f.rfind('/'))) << t;
     }
-    stay_away();
+    stay_away(kv, 2, 3);
     return 0;
   });
   INFO(r.describe());
