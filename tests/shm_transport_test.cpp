@@ -422,6 +422,7 @@ TEST_CASE("shm: a peer that destroys its link mid-stream is reported as peer_los
     auto s = l.value().wait(wait_for::recv, deadline::after(30s));
     MP_CHECK(s.code() == errc::peer_lost);
     MP_CHECK(s.message().find("rank 1 (") != std::string::npos);
+    MP_CHECK(s.message().find("closed its shm link (peer exited or destroyed its communicator") != std::string::npos);
     MP_CHECK(l.value().wait(wait_for::send, deadline::after(30s)).code() == errc::peer_lost);
     MP_CHECK(l.value().wait(wait_for::any, deadline::after(30s)).code() == errc::peer_lost);
     MP_CHECK(l.value().poll().code() == errc::peer_lost);
@@ -431,6 +432,47 @@ TEST_CASE("shm: a peer that destroys its link mid-stream is reported as peer_los
   });
   CHECK_MESSAGE(r.all_ok(), r.describe());
   CHECK(shm_leftovers(tag).empty());
+}
+
+TEST_CASE("shm: a peer that failed closes its link with the reason, and the other side's peer_lost carries it") {
+  const std::string why = "rank 1: allreduce #7 (1 x float, sum): connection to rank 5 (node2, pid 99) lost";
+  const std::string longer = why + ": " + std::string(2000, 'x');  // past the 1 KiB field: cut, ending in "..."
+  for (const std::string& reason : {why, longer}) {
+    cclite::test::temp_dir dir;
+    const std::string tag = new_tag();
+    auto r = cclite::test::run_ranks(2, [&](int rank, int size) {
+      auto e = make_env(dir.path, tag, rank, size);
+      cclite::shm::options o;
+      o.buffer_bytes = 64 << 10;
+      cclite::shm::transport t(e->ctx, o);
+      MP_REQUIRE_OK(t.publish());
+      auto l = t.connect(1 - rank, deadline::after(30s));
+      MP_REQUIRE_OK(l);
+      if (rank == 1) {
+        l.value().close_because(reason);
+        l.value().close_because("a second close changes nothing");
+        wait_key(*e, "done");
+        return 0;
+      }
+      auto s = l.value().wait(wait_for::recv, deadline::after(30s));
+      MP_CHECK(s.code() == errc::peer_lost);
+      const std::string m = s.message();
+      MP_CHECK(m.rfind("rank 1 (", 0) == 0);
+      if (reason == why) {
+        MP_CHECK(m.find(" failed and closed its shm link: " + why) != std::string::npos);
+        MP_CHECK(m.size() == m.find(why) + why.size());
+      } else {
+        MP_CHECK(m.find(" failed and closed its shm link: " + why + ": xxx") != std::string::npos);
+        MP_CHECK(m.size() < 1100);
+        MP_CHECK(m.compare(m.size() - 4, 4, "x...") == 0);
+      }
+      MP_CHECK(l.value().poll().code() == errc::peer_lost);
+      signal_key(*e, "done");
+      return 0;
+    });
+    CHECK_MESSAGE(r.all_ok(), r.describe());
+    CHECK(shm_leftovers(tag).empty());
+  }
 }
 
 TEST_CASE("shm: SIGKILL of one side mid-stream -> the other gets peer_lost, /dev/shm clean") {

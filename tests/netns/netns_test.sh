@@ -39,7 +39,9 @@
 #                 killed, so no FIN or RST ever leaves it): the other node's
 #                 ranks get peer_lost naming it ("host down or network cut")
 #                 within about 30 s, long before CCLITE_TIMEOUT; the same for
-#                 the host of the job's store; and under cclite-run, the
+#                 the host of the job's store (also with 3 ranks per node and
+#                 the ring: a rank linked only by shm learns why through the
+#                 link the finder closes); and under cclite-run, the
 #                 agents' store host: the other node's agent stops its
 #                 workers and exits once the store is silent (--node-timeout)
 #   host_lost_connect  the same, with the node lost before a first
@@ -273,11 +275,12 @@ host_lost | host_lost_connect)
       for p in $(ip netns pids "$(node_ns "$v")"); do kill -9 "$p" 2>/dev/null; done
     done
   }
-  # survivors NAME O V CALL PATTERN: node O's ranks (of job NAME) both failed
-  # CALL with peer_lost, node V lost; one names it as PATTERN says. Without a
-  # store (node V hosted it) the other reports what woke it (a closed link).
+  # survivors NAME O V CALL PATTERN [EACH]: node O's ranks (of job NAME) both
+  # failed CALL with peer_lost, node V lost; one names it as PATTERN says (EACH:
+  # both do: the job's first failure from the store's record, or, without a
+  # store, through the shm link that the rank which found it closed).
   survivors() {
-    name=$1; o=$2; v=$3; call=$4; pattern=$5
+    name=$1; o=$2; v=$3; call=$4; pattern=$5; each=${6:-}
     node_wait "$o" 90
     eval "rc=\$NODE_RC_$o"
     echo "$name: node $v lost, node $o's ranks ended $(($(date +%s) - t0)) s later"
@@ -289,9 +292,16 @@ host_lost | host_lost_connect)
       grep_log "$log" "collectives_check: rank $r: $call failed: peer_lost: " "$name: rank $r fails with peer_lost"
     done
     grep_log "$log" "$call failed: peer_lost: .*(node$v, pid [0-9]*)$pattern" "$name: a rank of node $o names node $v and why"
+    if [ -n "$each" ]; then
+      r=$(( (o > v) * 2 ))
+      for r in $r $((r + 1)); do
+        grep_log "$log" "collectives_check: rank $r: $call failed: peer_lost: .*(node$v, pid [0-9]*)$pattern" \
+          "$name: rank $r names node $v and why"
+      done
+    fi
   }
   if [ "$CASE" = host_lost ]; then
-    nodes_up 8
+    nodes_up 10
     # Mid-job: every collective, then allreduces until stopped.
     start_job 0 mid tcp --count 262144 --repeat 100000000
     start_job 2 mid_store tcp --count 262144 --repeat 100000000
@@ -304,10 +314,19 @@ host_lost | host_lost_connect)
         --nproc-per-node 2 --rdzv-id "t$$" --rdzv-endpoint "$(node_addr 6):29400" --rdzv-timeout 60 \
         --node-timeout 10 --timeout 200 "$BIN/collectives_check" --count 65536 --repeat 100000000
     done
-    wait_lines "iteration 1" 12
+    # Ranks 0-2 on node 8 (the store's host, lost), 3-5 on node 9, the ring
+    # forced: rank 4's two links are shm (ranks 3 and 5), so only the link
+    # that the rank which found the loss closes can tell it why.
+    for i in 0 1; do
+      node_run $((8 + i)) "$LOGS/ring-node$((8 + i)).log" env CCLITE_TIMEOUT=300 WORLD_SIZE=6 \
+        CCLITE_ALGO=allreduce:ring MASTER_ADDR="$(node_addr 8)" MASTER_PORT=29500 \
+        sh -c 'n=$1; shift; for l in 0 1 2; do RANK=$((n * 3 + l)) LOCAL_RANK=$l "$0" "$@" & done; wait' \
+        "$BIN/collectives_check" "$i" --count 262144 --repeat 100000000
+    done
+    wait_lines "iteration 1" 18
     sleep 1
     t0=$(date +%s)
-    silence 1 2 6
+    silence 1 2 6 8
     keepalive=" lost: no answer to keepalive probes or retransmissions (host down or network cut)"
     node_wait 7 90  # first: it ends first (~11 s)
     echo "agents: node 6 lost, node 7's cclite-run ended $(($(date +%s) - t0)) s later"
@@ -317,8 +336,18 @@ host_lost | host_lost_connect)
       "agents: node 7's cclite-run names the store's host and stops its workers"
     left=$(ip netns pids "$(node_ns 7)" | wc -l)
     [ "$left" = 0 ] || fail "agents: $left processes left on node 7 after its cclite-run exited"
-    survivors mid 0 1 "allreduce (repeat)" "$keepalive"
-    survivors mid_store 3 2 "allreduce (repeat)" "$keepalive"  # the store's host: 3 s for the record
+    survivors mid 0 1 "allreduce (repeat)" "$keepalive" each
+    # The store's host: 3 s for the record, then the rank that found the loss
+    # tells its node's other rank through their shm link as it closes it.
+    survivors mid_store 3 2 "allreduce (repeat)" "$keepalive" each
+    node_wait 9 90
+    echo "ring: node 8 lost, node 9's ranks ended $(($(date +%s) - t0)) s later"
+    for r in 3 4 5; do
+      grep_log "$LOGS/ring-node9.log" "collectives_check: rank $r: allreduce (repeat) failed: peer_lost: .*(node8, pid [0-9]*)$keepalive" \
+        "ring: rank $r names node 8 and why"
+    done
+    grep_log "$LOGS/ring-node9.log" "collectives_check: rank 4: .* failed and closed its shm link: " \
+      "ring: rank 4 learns it through a closed shm link"
   else
     nodes_up 6
     # Before a first connection: after init (ring neighbours only), "ready",

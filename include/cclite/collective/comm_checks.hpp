@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -192,7 +193,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     if (fault_spread_) return st;
     fault_spread_ = true;
     const std::string rec = pool_->store_silent.load() ? std::string() : exchange_fault_record(st);
-    close_links();
+    close_links(st);
     pool_->fail(st);  // the parent and siblings sharing these links report it
     if (rec.empty()) return st;
     const auto nl = rec.find('\n');
@@ -233,12 +234,25 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     return got ? got.value() : std::string();
   }
 
-  // Closes this communicator's links (its members' entries of the pool) and
-  // marks the family failed, so the parent and siblings report this failure.
-  void close_links() {
-    for (int r = 0; r < size_; ++r)
-      if (r != rank_) link_at(r) = link{};
+  // Closes this communicator's links (its members' entries of the pool).
+  // Links that can carry a reason (shm: close_because) carry `why`, so a
+  // rank woken by the closed link names the failure itself even when no
+  // store holds the record (its host went with the failure).
+  void close_links(const status& why) {
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      std::visit([&](auto& l) {
+        if constexpr (can_close_because<std::decay_t<decltype(l)>>::value) l.close_because(why.message());
+      }, link_at(r));
+      link_at(r) = link{};
+    }
   }
+
+  template <class L, class = void>
+  struct can_close_because : std::false_type {};
+  template <class L>
+  struct can_close_because<L, std::void_t<decltype(std::declval<L&>().close_because(std::string()))>>
+      : std::true_type {};
 
 
 CCLITE_SETUP_CODE_END

@@ -10,6 +10,10 @@
 //   closed  set once by the sender's link destructor (normal exit mid-stream).
 //   cpu     1 + the CPU the sender last waited on (0: unknown); same line as
 //           closed, written only by the sender's link (shm::link::wait).
+//   close_reason  why the sender closed, when it closed because it failed
+//           (NUL-terminated, "" for a plain close): written before closed
+//           (release), read after it (acquire), so the peer's error can say
+//           what went wrong where the store that would have told it is gone.
 // head and tail sit on separate 128-byte blocks (two 64-byte lines: the
 // adjacent-line prefetcher must not pull one with the other), so the two sides
 // never write the same cache line. Bytes in flight = head - tail <= capacity.
@@ -59,6 +63,7 @@ struct fifo_control {
   alignas(128) std::atomic<std::uint64_t> tail{0};
   alignas(128) std::atomic<std::uint32_t> closed{0};
   std::atomic<std::uint32_t> cpu{0};
+  char close_reason[1016];  // with closed and cpu: 1 KiB, written only by the sender
 };
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "the shm FIFO needs lock-free 64-bit atomics (a lock would live in one process)");
@@ -184,7 +189,7 @@ class fifo_reader {
 /// then the hi->lo ring (each `capacity` bytes, 4096-aligned).
 struct segment_header {
   static constexpr std::uint64_t magic_value = 0x31304d4853434c43ull;  // "CLCSHM01"
-  static constexpr std::uint32_t version_value = 1;
+  static constexpr std::uint32_t version_value = 2;  // 2: fifo_control::close_reason
 
   std::uint64_t magic;
   std::uint32_t version;

@@ -4,7 +4,8 @@
 // describes the API). Made only by transport::connect(); movable (it lives in a
 // std::variant), not copyable. Destroying it marks our sending direction
 // closed, wakes the peer (which then gets errc::peer_lost once it has drained
-// what we sent) and unmaps the segment.
+// what we sent) and unmaps the segment. close_because() does the same and
+// tells the peer why (this rank failed): its peer_lost carries the reason.
 //
 // Hot path: send_reserve/send_commit/recv_peek/recv_consume are a few loads and
 // one release store; commit/consume add a fence and issue a FUTEX_WAKE only if
@@ -135,6 +136,21 @@ class link {
   }
   ~link() { close(); }
 
+  /// Closes the link because this rank failed with `reason`: the peer's
+  /// peer_lost says "<this rank> failed and closed its shm link: <reason>"
+  /// (cut to fit 1 KiB). For the case where no store carries the job's first
+  /// failure to the other ranks (its host went with the failure).
+  void close_because(const std::string& reason) noexcept {
+    if (!hdr_) return;
+    char* r = out_.control()->close_reason;
+    constexpr std::size_t room = sizeof(fifo_control::close_reason) - 1;
+    std::size_t n = reason.size() < room ? reason.size() : room;
+    std::memcpy(r, reason.data(), n);
+    if (reason.size() > room) std::memcpy(r + room - 3, "...", 3);
+    r[n] = '\0';
+    close();  // publishes it: `closed` is stored with release
+  }
+
   // ---- send side --------------------------------------------------------------
   /// Contiguous writable space in the ring, at most `max` bytes; empty when full.
   mutable_bytes send_reserve(std::size_t max) noexcept { return out_.reserve(max); }
@@ -245,7 +261,12 @@ class link {
     return in_.control()->closed.load(std::memory_order_acquire) != 0;
   }
 
+  // After peer_closed() (acquire): the reason, if any, is complete.
   status closed_error() const {
+    const char* why = in_.control()->close_reason;
+    const std::size_t n = ::strnlen(why, sizeof(fifo_control::close_reason));
+    if (n > 0 && n < sizeof(fifo_control::close_reason))
+      return status(errc::peer_lost, peer_desc_ + " failed and closed its shm link: " + std::string(why, n));
     return make_error(errc::peer_lost,
                       "%s closed its shm link (peer exited or destroyed its communicator "
                       "mid-stream)",
