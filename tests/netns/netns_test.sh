@@ -290,15 +290,10 @@ host_lost | host_lost_connect)
     r=$(( (o > v) * 2 ))  # node O's first rank: 0 on the job's first node, 2 on its second
     for r in $r $((r + 1)); do
       grep_log "$log" "collectives_check: rank $r: $call failed: peer_lost: " "$name: rank $r fails with peer_lost"
+      [ -z "$each" ] || grep_log "$log" "collectives_check: rank $r: $call failed: peer_lost: .*(node$v, pid [0-9]*)$pattern" \
+        "$name: rank $r names node $v and why"
     done
     grep_log "$log" "$call failed: peer_lost: .*(node$v, pid [0-9]*)$pattern" "$name: a rank of node $o names node $v and why"
-    if [ -n "$each" ]; then
-      r=$(( (o > v) * 2 ))
-      for r in $r $((r + 1)); do
-        grep_log "$log" "collectives_check: rank $r: $call failed: peer_lost: .*(node$v, pid [0-9]*)$pattern" \
-          "$name: rank $r names node $v and why"
-      done
-    fi
   }
   if [ "$CASE" = host_lost ]; then
     nodes_up 10

@@ -254,7 +254,6 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   struct can_close_because<L, std::void_t<decltype(std::declval<L&>().close_because(std::string()))>>
       : std::true_type {};
 
-
 CCLITE_SETUP_CODE_END
 
   bool fault_spread_ = false;  // spread_failure() ran: once per communicator
