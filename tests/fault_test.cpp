@@ -538,6 +538,77 @@ TEST_CASE("a rank lost before a call that connects links on first use: the survi
   }
 }
 
+namespace {
+
+// The test's store for one rank, which kills that rank (SIGKILL) the moment
+// it publishes a key containing `kill_at`: a rank lost at an exact point of
+// a set-up that meets through the store.
+class dying_store final : public store {
+ public:
+  dying_store(store& base, std::string kill_at) : base_(base), kill_at_(std::move(kill_at)) {}
+  status set(const std::string& key, const std::string& value) override {
+    if (!kill_at_.empty() && key.find(kill_at_) != std::string::npos) ::raise(SIGKILL);
+    return base_.set(key, value);
+  }
+  result<std::string> get(const std::string& key, deadline until) override { return base_.get(key, until); }
+  result<std::int64_t> add(const std::string& key, std::int64_t delta) override { return base_.add(key, delta); }
+  status wait(const std::vector<std::string>& keys, deadline until) override { return base_.wait(keys, until); }
+  result<bool> check(const std::string& key) override { return base_.check(key); }
+
+ private:
+  store& base_;
+  std::string kill_at_;
+};
+
+}  // namespace
+
+TEST_CASE("a rank lost while the hierarchical allreduce builds its sub-communicators: peer_lost, not the deadline") {
+  // Two fake nodes of 2 ranks. The first hierarchical allreduce builds a
+  // node child and a cross-node child through the store, after the token
+  // of agree_before_connecting has gone round, so that token cannot see a
+  // rank lost now. Rank 1 dies as it publishes its link settings for one
+  // child ("bufmin", the records every member waits for): the members
+  // waiting for it must notice through their links to it (shm: its pid;
+  // tcp: end of stream), and the others through the links of the ranks that
+  // failed first. The deadline is 600 s; the 60 s hang guard catches a
+  // survivor that waits it out.
+  for (const char* child : {"/hier/node", "/hier/cross"}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        4,
+        [&](int rank, int sz) {
+          auto base = test::open_dir_store(dir.path);
+          dying_store kv(*base, rank == 1 ? std::string(child) : std::string());
+          auto c = test::make_comm(kv, rank, sz, comm_options{milliseconds(600000)});
+          const std::string victim = c->peer(1).describe();
+          std::vector<float> v(1u << 20, 1.0f);
+          status st = c->allreduce(v.data(), v.size());
+          if (st.code() != errc::peer_lost || !contains(st, victim))
+            std::fprintf(stderr, "rank %d (%s): expected peer_lost naming %s, got %s\n", rank, child,
+                         victim.c_str(), st.to_string().c_str());
+          MP_CHECK(st.code() == errc::peer_lost);
+          MP_CHECK(contains(st, victim));
+          // Stay alive until every survivor has its answer: a rank that
+          // failed first must not be taken for lost, nor leave the others
+          // waiting for it.
+          MP_REQUIRE_OK(base->set("test/answered/" + std::to_string(rank), "1"));
+          for (int r : {0, 2, 3})
+            MP_REQUIRE_OK(base->get("test/answered/" + std::to_string(r), deadline::after(milliseconds(50000))));
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(net::mixed, rank, 4);
+          ::setenv("CCLITE_ALGO", "allreduce:hier", 1);
+        });
+    INFO("rank 1 lost at ", std::string(child), ": ", r.describe());
+    CHECK(r.exit_codes[0] == 0);
+    CHECK(r.exit_codes[1] == -SIGKILL);
+    CHECK(r.exit_codes[2] == 0);
+    CHECK(r.exit_codes[3] == 0);
+    CHECK_FALSE(r.timed_out);
+  }
+}
+
 TEST_CASE("point to point: a first connection to a lost rank is peer_lost, not a wait for the deadline") {
   // Rank 2 receives from rank 0, which is not its ring neighbour: their link
   // is connected by this first call, with rank 2 waiting for rank 0 to

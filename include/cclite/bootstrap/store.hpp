@@ -152,5 +152,30 @@ inline result<std::vector<std::string>> store_allgather(store& s, const std::str
   return all;
 }
 
+/// store_allgather() that waits in slices of `slice` and asks `watch()`
+/// between them: a non-ok status from it ends the wait and is returned (a
+/// communicator's set-up watching its links for a lost member).
+template <class Watch>
+inline result<std::vector<std::string>> store_allgather(store& s, const std::string& key, int rank, int size,
+                                                        const std::string& mine, deadline until, Watch&& watch,
+                                                        milliseconds slice = milliseconds(200)) {
+  CCLITE_TRY(s.set(key + "/" + std::to_string(rank), mine));
+  std::vector<std::string> all(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    const std::string k = key + "/" + std::to_string(r);
+    for (;;) {
+      const deadline step = deadline::slice_of(until, slice);  // `until` itself when sooner
+      auto v = s.get(k, step);
+      if (v) {
+        all[static_cast<std::size_t>(r)] = std::move(v.value());
+        break;
+      }
+      if (v.error().code() != errc::timeout || !step.is_slice()) return v.error();
+      CCLITE_TRY(watch());
+    }
+  }
+  return all;
+}
+
 }  // namespace cclite
 CCLITE_SETUP_CODE_END

@@ -195,6 +195,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     const std::string rec = pool_->store_silent.load() ? std::string() : exchange_fault_record(st);
     close_links(st);
     pool_->fail(st);  // the parent and siblings sharing these links report it
+    if (pool_->set) pool_->set->stop_listening();  // and peers waiting to connect to us
     if (rec.empty()) return st;
     const auto nl = rec.find('\n');
     const int code = std::atoi(rec.c_str());

@@ -94,6 +94,18 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   template <class L>
   struct has_capacity<L, std::void_t<decltype(std::declval<const L&>().capacity())>> : std::true_type {};
 
+  // Between slices of a set-up wait in the store for the other members: an
+  // abort, a failed communicator sharing our links, or a member lost (asked
+  // of the links this rank already holds to members: link::probe_peer()).
+  // The ring's token (agree_before_connecting) saw every rank alive before
+  // the set-up began; this sees one lost during it, and a member woken so
+  // closes its links, which wakes the next (errors spread along the ring).
+  status watch_members();
+  template <class L, class = void>
+  struct can_probe : std::false_type {};
+  template <class L>
+  struct can_probe<L, std::void_t<decltype(std::declval<L&>().probe_peer())>> : std::true_type {};
+
   status connect_peer(int p, deadline until);  // unless the family already has a link to it
 
 CCLITE_SETUP_CODE_END

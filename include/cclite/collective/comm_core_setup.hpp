@@ -281,8 +281,12 @@ inline status comm_core<Transports...>::fit_chunk_to_buffers(deadline until) {
   for (int r = 0; r < size_; ++r)
     if (r != rank_ && std::strcmp(transport_of(r), "shm") != 0) kind = transport_of(r);
   // And on the settings that choose algorithms: "buffer,kind,settings".
+  // Every member waits here for every other: watched, so that a member lost
+  // since connect_ring() (or before a child's set-up, see watch_members)
+  // ends the wait instead of the deadline.
   auto all = store_allgather(*kv_, "bufmin", rank_, size_,
-                             std::to_string(mine) + "," + kind + "," + shared_settings(), until);
+                             std::to_string(mine) + "," + kind + "," + shared_settings(), until,
+                             [this] { return watch_members(); });
   if (!all) return all.error();
   std::size_t least = SIZE_MAX;
   std::string slowest = "shm";
@@ -312,6 +316,21 @@ inline status comm_core<Transports...>::fit_chunk_to_buffers(deadline until) {
   // Scratch for rd (its automatic range), tree pieces, and a medium rhd
   // message, so automatic choices do not allocate after init.
   scratch_.resize(std::max<std::size_t>(scratch_.size(), 2 * chunk_bytes_));
+  return {};
+}
+
+template <class... Transports>
+inline status comm_core<Transports...>::watch_members() {
+  if (aborted_.load()) return make_error(errc::aborted, "communicator aborted during its set-up");
+  if (pool_->failed.load()) return pool_->first_fault();
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    status st;
+    std::visit([&](auto& l) {
+      if constexpr (can_probe<std::decay_t<decltype(l)>>::value) st = l.probe_peer();
+    }, link_at(r));
+    if (!st.ok()) return st;
+  }
   return {};
 }
 
@@ -362,7 +381,9 @@ inline status comm_core<Transports...>::connect_peer(int p, deadline until) {
   if (link_at(p).index() != 0) return {};
   status st = pool_->set->connect(pool_->choice[root(p)], static_cast<int>(root(p)), until, link_at(p));
   if (!st.ok()) {
-    return status(st.code(), "connecting to " + peers_[static_cast<std::size_t>(p)].describe() + " via " +
+    // Named by its rank in the family's root, as the transport's own text
+    // names it: a child's numbering here would call one process by two ranks.
+    return status(st.code(), "connecting to " + pool_->peers[root(p)].describe() + " via " +
                                  transport_of(p) + ": " + st.message());
   }
   return {};

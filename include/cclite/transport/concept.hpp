@@ -19,6 +19,10 @@
 //                                                        calls on this link (tcp: all handed to
 //                                                        the kernel); called at the end of each
 //                                                        collective
+//               status        probe_peer()               optional: never blocks; peer_lost if the
+//                                                        peer is gone or closed the link (set-up
+//                                                        waits in the store ask it between slices,
+//                                                        comm_core::watch_members)
 //               int           peer() const               the peer's rank
 //               const char*   kind() const               "shm", "tcp" (logs)
 //

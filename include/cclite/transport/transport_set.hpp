@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -93,9 +94,23 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     });
     return out;
   }
+
+  /// After a fatal error of the communicators over these transports: each
+  /// transport that has a listener closes it (tcp::transport::stop_listening),
+  /// so peers waiting to connect to this rank learn it instead of waiting.
+  void stop_listening() noexcept {
+    for_each([](auto& t, auto) {
+      if constexpr (has_stop_listening<std::decay_t<decltype(t)>>::value) t.stop_listening();
+    });
+  }
 CCLITE_SETUP_CODE_END
 
  private:
+  template <class T, class = void>
+  struct has_stop_listening : std::false_type {};
+  template <class T>
+  struct has_stop_listening<T, std::void_t<decltype(std::declval<T&>().stop_listening())>> : std::true_type {};
+
   template <class>
   static const transport_context& ctx_for(const transport_context& c) { return c; }
 

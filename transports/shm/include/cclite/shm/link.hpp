@@ -183,6 +183,18 @@ class link {
     return {};
   }
 
+  /// Whether the peer is still there, without waiting: peer_lost once it
+  /// closed its end (with its reason, if it gave one) or its process is gone,
+  /// whatever is left to read. For waits outside any call on this link (a
+  /// set-up meeting in the store, comm_core::watch_members), where a closed
+  /// link means the peer failed.
+  status probe_peer() const {
+    if (peer_closed()) return closed_error();
+    if (!detail::process_alive(peer_pid_))
+      return make_error(errc::peer_lost, "%s is gone (shm peer exited or was killed)", peer_desc_.c_str());
+    return {};
+  }
+
   /// Blocks until `w` may be satisfied (recv: bytes to read; send: space to
   /// write), or returns timeout / aborted / peer_lost / protocol_error.
   status wait(wait_for w, deadline until) {

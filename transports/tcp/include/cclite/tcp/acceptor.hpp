@@ -59,6 +59,15 @@ class acceptor {
   }
 
   bool listening() const noexcept { return listener_.valid(); }
+
+  /// Closes the listening socket and every connection not yet handed over:
+  /// after this rank's communicators failed, a peer connecting to it is
+  /// refused or reset (peer_lost) instead of waiting for its deadline.
+  void stop() noexcept {
+    listener_ = socket_fd();
+    handshaking_.clear();
+    arrived_.clear();
+  }
   /// "addr:port" of the listening socket.
   const std::string& address() const noexcept { return address_; }
 

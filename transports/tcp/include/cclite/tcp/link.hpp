@@ -151,6 +151,17 @@ CCLITE_SETUP_CODE_END
     return error_;
   }
 
+  /// Whether the peer is still there, without blocking: poll(), then
+  /// peer_lost (sticky) if a socket reached end of stream. For waits outside
+  /// any call on this link (a set-up meeting in the store,
+  /// comm_core::watch_members), where a peer that closed its end failed.
+  status probe_peer() {
+    CCLITE_TRY(poll());
+    if (closed_mask_ == 0) return {};
+    return fail(make_error(errc::peer_lost, "connection to %s lost: connection closed by peer (end of stream)",
+                           desc_.c_str()));
+  }
+
   /// Makes progress until `w` can be satisfied (recv: recv_peek() non-empty;
   /// send: send_reserve() non-empty), spinning up to `spin`, then sleeping in
   /// poll(2) on this link's sockets in slices of at most 50 ms between which

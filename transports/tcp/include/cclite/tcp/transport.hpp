@@ -191,6 +191,12 @@ class transport {
     return ctx_.rank < peer ? connect_to(peer, until) : accept_from(peer, until);
   }
 
+  /// Accepts no more connections (acceptor::stop): called once the
+  /// communicators over this transport failed, so that a peer still waiting
+  /// to connect to this rank (a set-up, a first call's link) is told at once:
+  /// its connect is refused or reset, its probe of this listener refused.
+  void stop_listening() noexcept { acceptor_.stop(); }
+
   /// "addr:port" this rank listens on (empty before publish()).
   const std::string& address() const noexcept { return acceptor_.address(); }
   const transport_config& config() const noexcept { return cfg_; }
@@ -336,7 +342,7 @@ class transport {
       } else if (clock::now() - refused_since > refused_limit) {
         return make_error(errc::peer_lost,
                           "%s: connection refused for %.0f s; the peer's listener is gone (process "
-                          "exited or its communicator was destroyed)",
+                          "exited, or its communicator failed or was destroyed)",
                           what.c_str(), std::chrono::duration<double>(refused_limit).count());
       }
       if (!retryable(e)) {
@@ -388,7 +394,7 @@ class transport {
                           describe(peer).c_str(), address.c_str(), since(probe.silent_since()), since(start));
       return make_error(errc::peer_lost,
                         "%s will not connect: its tcp listener at %s refuses connections (the process "
-                        "exited or destroyed its communicator); noticed after waiting %.1f s for it",
+                        "exited, or its communicator failed or was destroyed); noticed after waiting %.1f s for it",
                         describe(peer).c_str(), address.c_str(), since(start));
     };
   }
