@@ -13,13 +13,13 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
 
+#include <cclite/bootstrap/fault_record.hpp>
 #include <cclite/collective/comm_core.hpp>
 #include <cclite/collective/mismatch.hpp>
 
@@ -197,11 +197,10 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     pool_->fail(st);  // the parent and siblings sharing these links report it
     if (pool_->set) pool_->set->stop_listening();  // and peers waiting to connect to us
     if (rec.empty()) return st;
-    const auto nl = rec.find('\n');
-    const int code = std::atoi(rec.c_str());
-    if (nl == std::string::npos || code <= 0 || code > static_cast<int>(errc::resource_exhausted)) return st;
+    const status first = decode_fault_record(rec);
+    if (first.ok()) return st;
     if (st.code() == errc::aborted) return st;  // our own abort() stays "aborted" here
-    return status(static_cast<errc>(code), call + ": the job's first failure: " + rec.substr(nl + 1));
+    return status(first.code(), call + ": the job's first failure: " + first.message());
   }
 
   // Records `st` as the job's first failure if no rank has yet; returns an
@@ -212,7 +211,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     const bool weak = st.code() == errc::timeout && !hdr_.knows_culprit;
     const auto wait_ms = milliseconds(weak ? 2000 : 0);
     const deadline reply_by = deadline::after(wait_ms + fault_store_budget);
-    auto found = kv_->get_within("fault", deadline::after(wait_ms), reply_by);
+    auto found = kv_->get_within(fault_record_key, deadline::after(wait_ms), reply_by);
     if (found) return found.value();
     if (reply_by.expired()) {  // no answer: the store's host may be gone
       pool_->store_silent.store(true);
@@ -226,12 +225,13 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
                             ? peers_[static_cast<std::size_t>(rank_)].describe() + " aborted its communicator: " +
                                   st.message()
                             : st.message();
-      (void)kv_->set_within("fault", std::to_string(static_cast<int>(c)) + "\n" + msg, reply_by);
+      (void)kv_->set_within(fault_record_key, encode_fault_record(c, msg), reply_by);
       return {};
     }
     // Another rank counted first: its record follows within moments.
     const auto record_ms = milliseconds(5000);
-    auto got = kv_->get_within("fault", deadline::after(record_ms), deadline::after(record_ms + fault_store_budget));
+    auto got = kv_->get_within(fault_record_key, deadline::after(record_ms),
+                               deadline::after(record_ms + fault_store_budget));
     return got ? got.value() : std::string();
   }
 

@@ -62,6 +62,7 @@
 #include <utility>
 #include <vector>
 
+#include <cclite/bootstrap/fault_record.hpp>
 #include <cclite/bootstrap/store.hpp>
 #include <cclite/core/bytes.hpp>
 #include <cclite/core/clock.hpp>
@@ -91,6 +92,18 @@ struct transport_context {
   const peer_info& self() const { return (*peers)[static_cast<std::size_t>(rank)]; }
   const peer_info& peer(int r) const { return (*peers)[static_cast<std::size_t>(r)]; }
   bool is_aborted() const { return aborted && aborted->load(std::memory_order_relaxed); }
+
+  /// The job's first failure if a communicator over these transports has
+  /// recorded one in `kv` (bootstrap/fault_record.hpp), else ok: asked now and
+  /// then by connect waits that no link can end (a peer that failed while its
+  /// process lives on, or was lost where only others could see it). One store
+  /// round trip; a store silent for 500 ms counts as no record.
+  status recorded_failure() const {
+    if (!kv) return {};
+    status st = recorded_fault(*kv, deadline::after(milliseconds(500)));
+    if (st.ok()) return st;
+    return status(st.code(), "gave up: the job's first failure: " + st.message());
+  }
 };
 
 namespace detail {

@@ -280,8 +280,9 @@ class transport {
     return link(std::move(p));
   }
 
-  /// store.get in 100 ms slices, checking deadline, abort and peer liveness in
-  /// between. If the peer is gone, the names in cleanup[0..n) are unlinked.
+  /// store.get in 100 ms slices, checking deadline, abort, peer liveness and
+  /// the job's recorded failure in between. If the peer is gone, the names in
+  /// cleanup[0..n) are unlinked.
   result<std::string> get_watching(const std::string& key, const peer_info& pi, int watch_pid,
                                    deadline until, const std::string* cleanup,
                                    std::size_t ncleanup) {
@@ -308,6 +309,8 @@ class transport {
         return make_error(errc::peer_lost, "%s is gone (exited or was killed during shm connect)",
                           pi.describe().c_str());
       }
+      // Alive but failed (it will not answer), or the job failed elsewhere.
+      if (status f = ctx_.recorded_failure(); !f.ok()) return context(f, pi);
     }
   }
 

@@ -203,6 +203,9 @@ class transport {
 
  private:
   static constexpr auto refused_limit = std::chrono::seconds(10);
+  // How often a connect wait looks for the job's recorded failure (a store
+  // round trip): a peer that failed while alive never connects nor refuses.
+  static constexpr auto record_every = std::chrono::milliseconds(200);
 
   static std::string key(int rank) { return "tcp/" + std::to_string(rank); }
   const logger& log() const { return ctx_.log ? *ctx_.log : *own_log_; }
@@ -292,10 +295,14 @@ class transport {
                          clock::time_point start) {
     milliseconds backoff(5);
     int last = 0;
-    clock::time_point refused_since{}, silent_since{};
+    clock::time_point refused_since{}, silent_since{}, record_due = start + record_every;
     for (;;) {
       const auto attempt = clock::now();
       if (ctx_.is_aborted()) return make_error(errc::aborted, "communicator aborted while %s", what.c_str());
+      if (attempt >= record_due) {
+        record_due = attempt + record_every;
+        if (status f = ctx_.recorded_failure(); !f.ok()) return status(f.code(), what + ": " + f.message());
+      }
       if (until.expired()) {
         return make_error(errc::timeout, "timed out after %.1f s %s (last error: %s); check that the "
                           "peer is running and this host can reach that address (CCLITE_SOCKET_IFNAME, firewall)",
@@ -360,8 +367,12 @@ class transport {
   // deadline, probe its listener now and then while waiting (listener_probe.hpp).
   auto peer_still_there(int peer, clock::time_point start) {
     return [this, peer, start, probe = detail::listener_probe(start), ep = endpoint(),
-            address = std::string()]() mutable {
+            address = std::string(), record_due = start + record_every]() mutable {
       const auto now = clock::now();
+      if (now >= record_due) {  // alive but failed, or the job failed elsewhere
+        record_due = now + record_every;
+        if (status f = ctx_.recorded_failure(); !f.ok()) return f;
+      }
       if (!probe.due(now)) return status();
       auto answer = detail::probe_answer::unknown;
       if (address.empty()) {  // published at its publish(), before any connect()

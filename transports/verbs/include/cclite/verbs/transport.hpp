@@ -165,7 +165,7 @@ class transport {
     if (!l) return status(l.error().code(), "connecting to " + describe(peer) + " over verbs: " + l.error().message());
     const std::string base = pair_key(peer);
     CCLITE_TRY(ctx_.kv->set(base + std::to_string(ctx_.rank), mine.serialize()));
-    auto text = ctx_.kv->get(base + std::to_string(peer), until);
+    auto text = get_watched(base + std::to_string(peer), until);
     if (!text) {
       return status(text.error().code(), "waiting for the verbs queue pairs of " + describe(peer) + ": " +
                                              text.error().message());
@@ -174,13 +174,28 @@ class transport {
     if (!theirs) return theirs.error();
     CCLITE_TRY(l->establish(theirs.value(), cfg_));
     CCLITE_TRY(ctx_.kv->set(base + std::to_string(ctx_.rank) + "/ready", "1"));
-    auto ready = ctx_.kv->get(base + std::to_string(peer) + "/ready", until);
+    auto ready = get_watched(base + std::to_string(peer) + "/ready", until);
     if (!ready) {
       return status(ready.error().code(), "waiting for " + describe(peer) + " to make its verbs queue pairs "
                                               "ready: " + ready.error().message());
     }
     CCLITE_TRACE(log(), "verbs: connected to %s with %d qp(s)", describe(peer).c_str(), cfg_.qps);
     return std::move(l.value());
+  }
+
+  /// A key of the peer's in the store, waited for in 200 ms slices: a peer
+  /// lost or failed never writes it, and RDMA gives no sign of either before
+  /// a queue pair exists, so between slices the wait looks for the job's
+  /// recorded failure (the ranks that saw the loss record it) and the abort
+  /// flag.
+  result<std::string> get_watched(const std::string& k, deadline until) {
+    for (;;) {
+      const deadline step = deadline::slice_of(until, milliseconds(200));
+      auto v = ctx_.kv->get(k, step);
+      if (v || v.error().code() != errc::timeout || !step.is_slice()) return v;
+      if (ctx_.is_aborted()) return make_error(errc::aborted, "communicator aborted");
+      if (status f = ctx_.recorded_failure(); !f.ok()) return f;
+    }
   }
 
   /// This rank's published record (tests, logs). Valid after publish().
