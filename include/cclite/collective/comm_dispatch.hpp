@@ -286,7 +286,13 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     return pr.finish();
   }
 
-  std::string describe_call(const op_desc& d, std::uint64_t seq) const { return detail::describe_call(d, seq, rank_); }
+  // "rank 3: allreduce #12 (...)". A hierarchical child names this rank as the
+  // family's root does, as its links name the peers: its own number (rank 1
+  // of a cross-node communicator the user never made) would read as another
+  // process in the same message.
+  std::string describe_call(const op_desc& d, std::uint64_t seq) const {
+    return detail::describe_call(d, seq, nested_ ? static_cast<int>(this->root(rank_)) : rank_);
+  }
 
   // What runs call `d` of `bytes` (the same choice dispatch() makes), in
   // words: the INFO line's and the flight recorder's.

@@ -136,6 +136,7 @@ inline auto communicator<Transports...>::make_child(const std::vector<int>& rank
   if (!opts.chunk_bytes) opts.chunk_bytes = chunk_bytes_;
   std::unique_ptr<communicator> c(new communicator(pool_, std::move(roots), new_rank));
   c->nested_ = nested;
+  if (nested) c->log_.set_rank(static_cast<int>(c->root(new_rank)));  // its lines, like its calls, say the family's rank
   std::string tag = tag_ + "." + where;
   for (char& ch : tag)
     if (ch == '/') ch = '.';
