@@ -137,41 +137,35 @@ class prefix_store final : public store {
   std::string prefix_;
 };
 
+/// What store_allgather() asks between the slices of its wait, if anything:
+/// `check(arg)` returning an error ends the wait with that error (a
+/// communicator's set-up asking its links whether a member was lost).
+struct store_wait_watch {
+  status (*check)(void* arg) = nullptr;
+  void* arg = nullptr;
+  milliseconds slice{200};
+};
+
 /// Every rank publishes `mine` under `key/<rank>` and receives all ranks'
-/// values in rank order. Used at init to exchange peer information.
+/// values in rank order. Used at init to exchange peer information. With a
+/// `watch`, each wait is cut into its slices and `watch.check` asked between.
 inline result<std::vector<std::string>> store_allgather(store& s, const std::string& key, int rank,
                                                         int size, const std::string& mine,
-                                                        deadline until) {
-  CCLITE_TRY(s.set(key + "/" + std::to_string(rank), mine));
-  std::vector<std::string> all(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) {
-    auto v = s.get(key + "/" + std::to_string(r), until);
-    if (!v) return v.error();
-    all[static_cast<std::size_t>(r)] = std::move(v.value());
-  }
-  return all;
-}
-
-/// store_allgather() that waits in slices of `slice` and asks `watch()`
-/// between them: a non-ok status from it ends the wait and is returned (a
-/// communicator's set-up watching its links for a lost member).
-template <class Watch>
-inline result<std::vector<std::string>> store_allgather(store& s, const std::string& key, int rank, int size,
-                                                        const std::string& mine, deadline until, Watch&& watch,
-                                                        milliseconds slice = milliseconds(200)) {
+                                                        deadline until, const store_wait_watch& watch = {}) {
   CCLITE_TRY(s.set(key + "/" + std::to_string(rank), mine));
   std::vector<std::string> all(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
     const std::string k = key + "/" + std::to_string(r);
     for (;;) {
-      const deadline step = deadline::slice_of(until, slice);  // `until` itself when sooner
+      // `until` itself when no watch or when it comes first
+      const deadline step = watch.check ? deadline::slice_of(until, watch.slice) : until;
       auto v = s.get(k, step);
       if (v) {
         all[static_cast<std::size_t>(r)] = std::move(v.value());
         break;
       }
       if (v.error().code() != errc::timeout || !step.is_slice()) return v.error();
-      CCLITE_TRY(watch());
+      CCLITE_TRY(watch.check(watch.arg));
     }
   }
   return all;

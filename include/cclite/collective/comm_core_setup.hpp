@@ -284,9 +284,11 @@ inline status comm_core<Transports...>::fit_chunk_to_buffers(deadline until) {
   // Every member waits here for every other: watched, so that a member lost
   // since connect_ring() (or before a child's set-up, see watch_members)
   // ends the wait instead of the deadline.
+  store_wait_watch members;
+  members.check = [](void* self) { return static_cast<comm_core*>(self)->watch_members(); };
+  members.arg = this;
   auto all = store_allgather(*kv_, "bufmin", rank_, size_,
-                             std::to_string(mine) + "," + kind + "," + shared_settings(), until,
-                             [this] { return watch_members(); });
+                             std::to_string(mine) + "," + kind + "," + shared_settings(), until, members);
   if (!all) return all.error();
   std::size_t least = SIZE_MAX;
   std::string slowest = "shm";
