@@ -566,13 +566,16 @@ TEST_CASE("a rank lost while the hierarchical allreduce builds its sub-communica
   // Two fake nodes of 2 ranks. The first hierarchical allreduce builds a
   // node child and a cross-node child through the store, after the token
   // of agree_before_connecting has gone round, so that token cannot see a
-  // rank lost now. Rank 1 dies as it publishes its link settings for one
-  // child ("bufmin", the records every member waits for): the members
-  // waiting for it must notice through their links to it (shm: its pid;
-  // tcp: end of stream), and the others through the links of the ranks that
-  // failed first. The deadline is 600 s; the 60 s hang guard catches a
-  // survivor that waits it out.
-  for (const char* child : {"/hier/node", "/hier/cross"}) {
+  // rank lost now. Rank 1 (node 0, local rank 1) dies as it publishes a
+  // record of a child's set-up: its link settings ("bufmin", which every
+  // member waits for once the child's ring is connected), or, before the
+  // cross-node child connects, its pid namespace. The members waiting for
+  // it must notice through their links to it (shm: its pid; tcp: end of
+  // stream) or their connect to it, and the others through the job's
+  // recorded failure or the links of the ranks that failed first. The
+  // deadline is 600 s; the 60 s hang guard catches a survivor that waits it
+  // out.
+  for (const char* child : {"/hier/node0/bufmin/", "/hier/cross1/shm/pidns/", "/hier/cross1/bufmin/"}) {
     test::temp_dir dir;
     auto r = test::run_ranks(
         4,

@@ -25,7 +25,7 @@ namespace cclite {
 /// The store key of the record, under a communicator's prefix.
 inline constexpr const char* fault_record_key = "fault";
 
-/// The record's value for `st`.
+/// The record's value for an error `code` saying `message`.
 inline std::string encode_fault_record(errc code, const std::string& message) {
   return std::to_string(static_cast<int>(code)) + "\n" + message;
 }

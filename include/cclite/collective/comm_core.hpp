@@ -95,8 +95,9 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   struct has_capacity<L, std::void_t<decltype(std::declval<const L&>().capacity())>> : std::true_type {};
 
   // Between slices of a set-up wait in the store for the other members: an
-  // abort, a failed communicator sharing our links, or a member lost (asked
-  // of the links this rank already holds to members: link::probe_peer()).
+  // abort, a failed communicator sharing our links, a member lost (asked of
+  // the links this rank already holds to members: link::probe_peer()), or
+  // the job's first failure recorded in the store by the ranks that saw it.
   // The ring's token (agree_before_connecting) saw every rank alive before
   // the set-up began; this sees one lost during it, and a member woken so
   // closes its links, which wakes the next (errors spread along the ring).

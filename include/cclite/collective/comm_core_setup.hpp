@@ -281,9 +281,8 @@ inline status comm_core<Transports...>::fit_chunk_to_buffers(deadline until) {
   for (int r = 0; r < size_; ++r)
     if (r != rank_ && std::strcmp(transport_of(r), "shm") != 0) kind = transport_of(r);
   // And on the settings that choose algorithms: "buffer,kind,settings".
-  // Every member waits here for every other: watched, so that a member lost
-  // since connect_ring() (or before a child's set-up, see watch_members)
-  // ends the wait instead of the deadline.
+  // Every member waits here for every other: watched (watch_members), so
+  // that a member lost since the set-up began ends the wait, not the deadline.
   store_wait_watch members;
   members.check = [](void* self) { return static_cast<comm_core*>(self)->watch_members(); };
   members.arg = this;
@@ -333,7 +332,9 @@ inline status comm_core<Transports...>::watch_members() {
     }, link_at(r));
     if (!st.ok()) return st;
   }
-  return {};
+  // A link that cannot tell (verbs: RDMA sees a lost peer only when a write
+  // to it fails), or a member lost where only others saw it: their record.
+  return pool_->ctx.recorded_failure();
 }
 
 // CCLITE_COST_MEASURE=1: times every ring link, agrees on the slowest figure
