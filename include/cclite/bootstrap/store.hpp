@@ -146,6 +146,19 @@ struct store_wait_watch {
   milliseconds slice{200};
 };
 
+/// s.get(key, until), and with a `watch` in its slices, `watch.check` asked
+/// between them.
+inline result<std::string> store_get_watched(store& s, const std::string& key, deadline until,
+                                             const store_wait_watch& watch) {
+  for (;;) {
+    // `until` itself when no watch or when it comes first
+    const deadline step = watch.check ? deadline::slice_of(until, watch.slice) : until;
+    auto v = s.get(key, step);
+    if (v || v.error().code() != errc::timeout || !step.is_slice()) return v;
+    CCLITE_TRY(watch.check(watch.arg));
+  }
+}
+
 /// Every rank publishes `mine` under `key/<rank>` and receives all ranks'
 /// values in rank order. Used at init to exchange peer information. With a
 /// `watch`, each wait is cut into its slices and `watch.check` asked between.
@@ -155,18 +168,9 @@ inline result<std::vector<std::string>> store_allgather(store& s, const std::str
   CCLITE_TRY(s.set(key + "/" + std::to_string(rank), mine));
   std::vector<std::string> all(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) {
-    const std::string k = key + "/" + std::to_string(r);
-    for (;;) {
-      // `until` itself when no watch or when it comes first
-      const deadline step = watch.check ? deadline::slice_of(until, watch.slice) : until;
-      auto v = s.get(k, step);
-      if (v) {
-        all[static_cast<std::size_t>(r)] = std::move(v.value());
-        break;
-      }
-      if (v.error().code() != errc::timeout || !step.is_slice()) return v.error();
-      CCLITE_TRY(watch.check(watch.arg));
-    }
+    auto v = store_get_watched(s, key + "/" + std::to_string(r), until, watch);
+    if (!v) return v.error();
+    all[static_cast<std::size_t>(r)] = std::move(v.value());
   }
   return all;
 }

@@ -189,13 +189,14 @@ class transport {
   /// recorded failure (the ranks that saw the loss record it) and the abort
   /// flag.
   result<std::string> get_watched(const std::string& k, deadline until) {
-    for (;;) {
-      const deadline step = deadline::slice_of(until, milliseconds(200));
-      auto v = ctx_.kv->get(k, step);
-      if (v || v.error().code() != errc::timeout || !step.is_slice()) return v;
-      if (ctx_.is_aborted()) return make_error(errc::aborted, "communicator aborted");
-      if (status f = ctx_.recorded_failure(); !f.ok()) return f;
-    }
+    store_wait_watch w;
+    w.check = [](void* ctx) -> status {
+      const auto& c = *static_cast<const transport_context*>(ctx);
+      if (c.is_aborted()) return make_error(errc::aborted, "communicator aborted");
+      return c.recorded_failure();
+    };
+    w.arg = &ctx_;
+    return store_get_watched(*ctx_.kv, k, until, w);
   }
 
   /// This rank's published record (tests, logs). Valid after publish().
