@@ -29,16 +29,23 @@ struct call_route {
 CCLITE_SETUP_CODE_BEGIN  // error messages and log lines: compiled for size
 
 /// "rank R: KIND #SEQ (COUNT x DTYPE[, OP])", the prefix of a call's errors.
+/// `rank` < 0: "KIND (COUNT x DTYPE[, OP])", a step of another call (a
+/// hierarchical child's), whose own rank and number would only repeat the
+/// parent's or, counted by the child, read as another call of the user's.
 inline std::string describe_call(const op_desc& d, std::uint64_t seq, int rank) {
+  char who[48] = "";
+  if (rank >= 0) std::snprintf(who, sizeof who, "rank %d: ", rank);
+  char num[24] = "";
+  if (rank >= 0) std::snprintf(num, sizeof num, " #%" PRIu64, seq);
   char buf[200];
   if (d.kind == collective_kind::barrier) {
-    std::snprintf(buf, sizeof buf, "rank %d: barrier #%" PRIu64, rank, seq);
+    std::snprintf(buf, sizeof buf, "%sbarrier%s", who, num);
   } else if (d.kind == collective_kind::group) {
-    std::snprintf(buf, sizeof buf, "rank %d: group #%" PRIu64 " (%zu transfers)", rank, seq, d.count);
+    std::snprintf(buf, sizeof buf, "%sgroup%s (%zu transfers)", who, num, d.count);
   } else {
     const bool op = d.kind == collective_kind::allreduce;
-    std::snprintf(buf, sizeof buf, "rank %d: %s #%" PRIu64 " (%zu x %s%s%s)", rank, to_string(d.kind), seq, d.count,
-                  to_string(d.type), op ? ", " : "", op ? to_string(d.op) : "");
+    std::snprintf(buf, sizeof buf, "%s%s%s (%zu x %s%s%s)", who, to_string(d.kind), num, d.count, to_string(d.type),
+                  op ? ", " : "", op ? to_string(d.op) : "");
   }
   return buf;
 }

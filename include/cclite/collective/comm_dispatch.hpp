@@ -77,7 +77,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       status first = pool_->first_fault();
       broken_ = status(first.code(), "a communicator sharing links with this one failed: " + first.message());
       broken_ = this->spread_failure(broken_, describe_call(d, seq));  // wakes our other peers too
-      CCLITE_WARN(log_, "%s", broken_.to_string().c_str());
+      log_failure(broken_);
       return broken_;
     }
     // One deadline for the whole call (waiting for the family's links
@@ -101,7 +101,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
         st = this->spread_failure(std::move(st), call);
         broken_ = st;
       }
-      CCLITE_WARN(log_, "%s", st.to_string().c_str());
+      log_failure(st);
     }
     return st;
   }
@@ -286,12 +286,20 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     return pr.finish();
   }
 
-  // "rank 3: allreduce #12 (...)". A hierarchical child names this rank as the
-  // family's root does, as its links name the peers: its own number (rank 1
-  // of a cross-node communicator the user never made) would read as another
-  // process in the same message.
+  // "rank 3: allreduce #12 (...)". A hierarchical child's calls are steps of
+  // its parent's, which names the rank and the call around them: "rank 3:
+  // allreduce #12 (...): hierarchical allreduce, in the node: allgather
+  // (...): <cause>". Its own numbers (rank 1 of a cross-node communicator
+  // the user never made, its 24th allgather) would read as another process
+  // and another call.
   std::string describe_call(const op_desc& d, std::uint64_t seq) const {
-    return detail::describe_call(d, seq, nested_ ? static_cast<int>(this->root(rank_)) : rank_);
+    return detail::describe_call(d, seq, nested_ ? -1 : rank_);
+  }
+  // A failed call at WARN; a hierarchical child's at INFO, since the parent's
+  // call fails with it and logs the whole message (this one inside).
+  void log_failure(const status& st) const {
+    if (nested_) CCLITE_INFO(log_, "%s", st.to_string().c_str());
+    else CCLITE_WARN(log_, "%s", st.to_string().c_str());
   }
 
   // What runs call `d` of `bytes` (the same choice dispatch() makes), in

@@ -79,11 +79,11 @@ CCLITE_SETUP_CODE_END
       return c.template run_with<collective_kind::allreduce>(p, p, n, d.type, inner, d.kernels);
     };
     if (q) {
-      CCLITE_TRY(step("reduce-scatter in the node", in_node.template run_with<collective_kind::reduce_scatter>(
+      CCLITE_TRY(step("in the node", in_node.template run_with<collective_kind::reduce_scatter>(
                                                         send, shard, q, d.type, inner, d.kernels)));
-      CCLITE_TRY(step("allreduce across nodes", allreduce(across, shard, q)));
+      CCLITE_TRY(step("across nodes", allreduce(across, shard, q)));
       if (red.needs_divide) red.divide(shard, q, world);
-      CCLITE_TRY(step("allgather in the node", in_node.allgather(shard, recv, q, d.type)));
+      CCLITE_TRY(step("in the node", in_node.allgather(shard, recv, q, d.type)));
     }
     if (tail) {
       std::uint8_t* t = recv + q * L * elem;
@@ -107,6 +107,8 @@ CCLITE_SETUP_CODE_END
   }
 
  private:
+  // "hierarchical allreduce, in the node: allgather (...): <cause>" (the
+  // child's message names its call's kind and shape, comm_dispatch.hpp).
   static status step(const char* what, status st) {
     return st.ok() ? st : status(st.code(), std::string("hierarchical allreduce, ") + what + ": " + st.message());
   }
