@@ -511,6 +511,64 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
   }
 }
 
+TEST_CASE("the store's host killed mid-collective: a rank woken by a neighbour's closed tcp link points to it") {
+  // cclite::init() as under a launcher: rank 0 hosts the TCP rendezvous store
+  // (MASTER_ADDR:MASTER_PORT), so killing rank 0 takes the store, and the
+  // job's record of its first failure, with it. Four ranks over tcp on the
+  // ring 0 -> 1 -> 2 -> 3 -> 0: rank 2 sees only its neighbours close their
+  // links (so may ranks 1 and 3, if a neighbour's close comes first). Such a
+  // message names the neighbour (a tcp link carries no reason), and must not
+  // stop there: it says the first failure could not be looked up because
+  // the store, hosted by rank 0, is gone. Failed before: rank 2 named rank 1
+  // only.
+  const std::string port = std::to_string(test::free_port());
+  REQUIRE(port != "0");
+  auto r = test::run_ranks(
+      4,
+      [&](int rank, int) {
+        auto comm = cclite::init();
+        MP_REQUIRE_OK(comm);
+        auto& c = *comm.value();
+        const std::string victim = c.peer(0).describe();
+        std::vector<float> v(4u << 20, 1.0f);
+        if (rank == 0) {
+          std::thread([] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            ::raise(SIGKILL);
+          }).detach();
+        }
+        for (int i = 0; i < 100000; ++i) {
+          status st = c.allreduce(v.data(), v.size());
+          if (st.ok()) continue;
+          // Its own link to rank 0, or the store's note (ranks 1 and 3 may be
+          // woken by rank 2's closed link before they see rank 0's break).
+          const bool named =
+              contains(st, victim) || (contains(st, "store could not tell") && contains(st, "(rank 0 gone?)"));
+          if (st.code() != errc::peer_lost || !named)
+            std::fprintf(stderr, "rank %d: expected peer_lost pointing to %s, got %s\n", rank, victim.c_str(),
+                         st.to_string().c_str());
+          MP_CHECK(st.code() == errc::peer_lost);
+          MP_CHECK(named);
+          return 0;
+        }
+        return 1;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(net::tcp_only, rank, 4);
+        ::setenv("RANK", std::to_string(rank).c_str(), 1);
+        ::setenv("WORLD_SIZE", "4", 1);
+        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+        ::setenv("MASTER_PORT", port.c_str(), 1);
+        ::setenv("CCLITE_TIMEOUT", "60", 1);  // the loss must be reported well before this
+      });
+  INFO(r.describe());
+  CHECK(r.exit_codes[0] == -SIGKILL);
+  CHECK(r.exit_codes[1] == 0);
+  CHECK(r.exit_codes[2] == 0);
+  CHECK(r.exit_codes[3] == 0);
+  CHECK_FALSE(r.timed_out);
+}
+
 TEST_CASE("a rank lost before a call that connects links on first use: the survivors report it at once") {
   // Tree, recursive doubling, halving-doubling, gather and alltoall connect
   // links beyond the ring on their first call, and the hierarchical allreduce

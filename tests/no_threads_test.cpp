@@ -84,13 +84,6 @@ int blocking_only(default_communicator& c) {
   return 0;
 }
 
-// A port that was free a moment ago (bound, then released).
-std::uint16_t free_port() {
-  auto probe = tcp::store_server::start("127.0.0.1", 0);
-  REQUIRE(probe.ok());
-  return probe.value()->port();
-}
-
 }  // namespace
 
 TEST_CASE("CCLITE_NO_THREADS: blocking collectives work and async calls are unsupported") {
@@ -115,7 +108,8 @@ TEST_CASE("CCLITE_NO_THREADS: blocking collectives work and async calls are unsu
 // (which meets through the store again).
 TEST_CASE("CCLITE_NO_THREADS: init() over the TCP rendezvous starts no thread on any rank") {
   for (net n : {net::shm_only, net::tcp_only}) {
-    const std::string port = std::to_string(free_port());
+    const std::string port = std::to_string(test::free_port());
+    REQUIRE(port != "0");
     auto r = test::run_ranks(
         3,
         [&](int rank, int size) {
@@ -155,7 +149,8 @@ TEST_CASE("CCLITE_NO_THREADS: init() over the TCP rendezvous starts no thread on
 // calling 0.5 s later, have read the record: they name rank 0's abort instead
 // of only "store unreachable" or a closed link.
 TEST_CASE("CCLITE_NO_THREADS: the store's helper outlives a failed rank 0 until the others read its failure") {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(test::free_port());
+  REQUIRE(port != "0");
   auto r = test::run_ranks(
       3,
       [&](int rank, int) {

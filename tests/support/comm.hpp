@@ -1,6 +1,7 @@
 // tests/support/comm.hpp - building communicators inside forked test ranks.
 #pragma once
 
+#include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -46,5 +47,15 @@ inline std::unique_ptr<default_communicator> make_comm(store& kv, int rank, int 
   MP_REQUIRE_OK(c);
   return std::move(c.value());
 }
+
+#if defined(CCLITE_HAS_TCP)
+/// A loopback port that was free a moment ago (bound, then released): a
+/// MASTER_PORT for ranks that meet through cclite::init()'s TCP rendezvous,
+/// which rank 0 hosts. 0 if none could be bound.
+inline std::uint16_t free_port() {
+  auto probe = tcp::store_server::start("127.0.0.1", 0);
+  return probe ? probe.value()->port() : 0;
+}
+#endif
 
 }  // namespace cclite::test

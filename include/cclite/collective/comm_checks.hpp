@@ -188,15 +188,24 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // deadline. Store calls are bounded by a few seconds (fault_store_budget):
   // the store's host may have gone with the failure (a host lost), and every
   // rank woken by the closed links would wait on it in turn. If the store
-  // does not answer in time, `st` stands.
+  // does not answer in time, or cannot be reached, `st` stands, and says so:
+  // a rank woken by a closed tcp link names the neighbour that closed it,
+  // which may only have echoed another rank's failure, and a store hosted by
+  // that other rank (rank 0, under a launcher) refusing connections points
+  // to it ("... (rank 0 gone?): Connection refused").
   status spread_failure(status st, const std::string& call) {
     if (fault_spread_) return st;
     fault_spread_ = true;
-    const std::string rec = pool_->store_silent.load() ? std::string() : exchange_fault_record(st);
+    std::string trouble;  // why the store could not tell
+    const std::string rec = pool_->store_silent.load() ? std::string() : exchange_fault_record(st, trouble);
     close_links(st);
     pool_->fail(st);  // the parent and siblings sharing these links report it
     if (pool_->set) pool_->set->stop_listening();  // and peers waiting to connect to us
-    if (rec.empty()) return st;
+    if (rec.empty()) {
+      if (trouble.empty() || st.code() == errc::aborted) return st;
+      return status(st.code(), st.message() + " (possibly an echo of another rank's failure, which the job's "
+                                              "store could not tell: " + trouble + ")");
+    }
     const status first = decode_fault_record(rec);
     if (first.ok()) return st;
     if (st.code() == errc::aborted) return st;  // our own abort() stays "aborted" here
@@ -204,8 +213,9 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   }
 
   // Records `st` as the job's first failure if no rank has yet; returns an
-  // earlier rank's record, or "" (this rank's own recorded, or no answer).
-  std::string exchange_fault_record(const status& st) {
+  // earlier rank's record, or "" (this rank's own recorded, or no answer:
+  // then `trouble` says what the store answered, if it failed).
+  std::string exchange_fault_record(const status& st, std::string& trouble) {
     // A plain timeout blames whatever this rank waited on, often a victim of
     // the real culprit: give a rank that knows better a moment to record it.
     const bool weak = st.code() == errc::timeout && !hdr_.knows_culprit;
@@ -215,10 +225,18 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     if (found) return found.value();
     if (reply_by.expired()) {  // no answer: the store's host may be gone
       pool_->store_silent.store(true);
+      trouble = found.error().message();
+      return {};
+    }
+    if (found.error().code() != errc::timeout) {  // not "no record yet": refused, closed, ...
+      trouble = found.error().message();
       return {};
     }
     auto n = kv_->add_within("fault/n", 1, reply_by);
-    if (!n) return {};
+    if (!n) {
+      trouble = n.error().message();
+      return {};
+    }
     if (n.value() == 1) {
       errc c = st.code() == errc::aborted ? errc::peer_lost : st.code();
       std::string msg = st.code() == errc::aborted
