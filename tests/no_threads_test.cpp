@@ -132,10 +132,7 @@ TEST_CASE("CCLITE_NO_THREADS: init() over the TCP rendezvous starts no thread on
         std::chrono::seconds(120),
         [&](int rank) {
           test::set_net_env(n, rank, 3);
-          ::setenv("RANK", std::to_string(rank).c_str(), 1);
-          ::setenv("WORLD_SIZE", "3", 1);
-          ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-          ::setenv("MASTER_PORT", port.c_str(), 1);
+          test::set_launch_env(rank, 3, port);
           ::setenv("CCLITE_TIMEOUT", "60", 1);
         });
     INFO("net ", test::to_string(n), ": ", r.describe());
@@ -176,10 +173,7 @@ TEST_CASE("CCLITE_NO_THREADS: the store's helper outlives a failed rank 0 until 
       std::chrono::seconds(120),
       [&](int rank) {
         test::set_net_env(net::shm_only, rank, 3);
-        ::setenv("RANK", std::to_string(rank).c_str(), 1);
-        ::setenv("WORLD_SIZE", "3", 1);
-        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-        ::setenv("MASTER_PORT", port.c_str(), 1);
+        test::set_launch_env(rank, 3, port);
         ::setenv("CCLITE_TIMEOUT", "20", 1);
       });
   INFO(r.describe());

@@ -58,4 +58,13 @@ inline std::uint16_t free_port() {
 }
 #endif
 
+/// What a launcher gives rank `rank` of `size` for cclite::init(): rank 0
+/// hosts the TCP rendezvous store on 127.0.0.1:`port` (free_port()).
+inline void set_launch_env(int rank, int size, const std::string& port) {
+  ::setenv("RANK", std::to_string(rank).c_str(), 1);
+  ::setenv("WORLD_SIZE", std::to_string(size).c_str(), 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", port.c_str(), 1);
+}
+
 }  // namespace cclite::test

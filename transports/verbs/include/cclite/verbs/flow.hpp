@@ -20,6 +20,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 namespace cclite::verbs {
@@ -92,6 +93,11 @@ inline bool is_credit_imm(std::uint32_t imm) noexcept { return (imm & imm_credit
 /// (a destroyed QP sends nothing), so this is how a peer blocked on the link
 /// learns at once that nothing more will come, as a tcp peer does from EOF.
 inline constexpr std::uint32_t imm_close = 0;
+/// Bytes past the end of each FIFO (and of each send ring) for the reason a
+/// closing link gives (link::close_because): the imm_close write carries it,
+/// NUL-terminated, to the same place in the peer's FIFO, where RC's ordering
+/// has it in place before the close completes there.
+inline constexpr std::size_t close_reason_bytes = 1024;
 
 /// Rebuilds the full 64-bit consumed count from the previous one and a 31-bit
 /// credit value. Valid because consumption never runs more than one FIFO (at

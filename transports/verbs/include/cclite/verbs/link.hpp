@@ -27,7 +27,9 @@
 // peer then fails (peer_lost) any wait that can no longer be satisfied - for
 // receive space or data when nothing is left to read - as the tcp link does
 // at end of stream. This is how a rank that failed wakes the ranks blocked on
-// it (comm_core's spread_failure closes every link).
+// it (comm_core's spread_failure closes every link, with close_because(): the
+// close carries the failure, so the peer's peer_lost names it even where no
+// store holds the job's record, as the shm link's does).
 //
 // A dead peer (kill -9): RDMA says nothing until a write towards it fails,
 // after the QP's retries (4.096 us x 2^CCLITE_IB_TIMEOUT x (CCLITE_IB_RETRY_CNT
@@ -96,6 +98,11 @@ class link {
   link& operator=(const link&) = delete;
   ~link() { close(); }
 
+  /// Closes the link because this rank failed with `reason`: the peer's
+  /// peer_lost says "<this rank> failed and closed its verbs link: <reason>"
+  /// (cut to fit close_reason_bytes). Otherwise as the destructor's close.
+  void close_because(const std::string& reason) noexcept;
+
   // ---- send side -----------------------------------------------------------
 
   /// Contiguous free space in the send ring, at most `max` bytes (may be empty).
@@ -163,6 +170,10 @@ class link {
         // Completions of other QPs may still hold the peer's last bytes.
         drain_cq();
         if (want_recv && !recv_peek().empty()) return true;
+        if (!s_->peer_reason.empty()) {
+          fail(status(errc::peer_lost, desc_ + " failed and closed its verbs link: " + s_->peer_reason));
+          return false;
+        }
         fail(make_error(errc::peer_lost,
                         "verbs link to %s closed by the peer (its communicator failed or was destroyed; "
                         "received %llu bytes, %llu of ours not yet acknowledged)",
@@ -188,7 +199,7 @@ class link {
 
   // ---- set-up and closing (link_setup.hpp) ---------------------------------
 
-  void close() noexcept;
+  void close() noexcept { close_because(std::string()); }
 
   // ---- posting, completions, waiting (link_progress.hpp) -------------------
 

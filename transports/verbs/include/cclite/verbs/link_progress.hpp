@@ -56,19 +56,21 @@ inline void link::probe() {
   s.credit_inflight = true;
 }
 
-// One RDMA WRITE WITH IMMEDIATE; len 0 = credit return or close (no payload).
+// One RDMA WRITE WITH IMMEDIATE; len 0 = credit return (no payload). A
+// close writes its reason from and to the area past the rings' ends.
 inline bool link::post_write(int q, std::uint64_t pos, std::uint64_t len, std::uint32_t imm, wr_kind kind) {
   detail::link_state& s = *s_;
+  const std::uint64_t off = kind == wr_kind::close ? s.st.cap : s.st.offset(pos);
   ibv_sge sge{};
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = make_wr_id(kind, q, len);
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   wr.send_flags = IBV_SEND_SIGNALED;
   wr.imm_data = htonl(imm);
-  wr.wr.rdma.remote_addr = s.raddr + s.st.offset(pos);
+  wr.wr.rdma.remote_addr = s.raddr + off;
   wr.wr.rdma.rkey = s.rkey;
   if (len) {
-    sge.addr = reinterpret_cast<std::uintptr_t>(s.send_ring.data() + s.st.offset(pos));
+    sge.addr = reinterpret_cast<std::uintptr_t>(s.send_ring.data() + off);
     sge.length = static_cast<std::uint32_t>(len);
     sge.lkey = s.send_ring.lkey();
     wr.sg_list = &sge;
@@ -143,6 +145,8 @@ inline void link::complete(const ibv_wc& wc) {
       std::uint32_t imm = ntohl(wc.imm_data);
       if (imm == imm_close) {
         s.peer_closed = true;
+        const char* r = reinterpret_cast<const char*>(s.fifo.data() + s.st.cap);
+        s.peer_reason.assign(r, ::strnlen(r, close_reason_bytes - 1));
       } else if (is_credit_imm(imm)) {
         s.remote_consumed = unwrap_credit(s.remote_consumed, imm);
       } else {

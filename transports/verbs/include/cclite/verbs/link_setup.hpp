@@ -47,10 +47,12 @@ inline result<link> link::create(std::shared_ptr<device> dev, int peer, std::str
   s.st = stripe{cfg.buffsize, std::min(cfg.block, cfg.buffsize), cfg.qps};
   s.spin_us = cfg.spin_us;
   ibv_context* ctx = s.dev->context();
-  auto sr = registered_memory::make(s.dev->pd(), cfg.buffsize, IBV_ACCESS_LOCAL_WRITE, "send ring");
+  // Both rings end in close_reason_bytes outside the stream (flow.hpp).
+  auto sr = registered_memory::make(s.dev->pd(), cfg.buffsize + close_reason_bytes, IBV_ACCESS_LOCAL_WRITE,
+                                    "send ring");
   if (!sr) return sr.error();
   s.send_ring = std::move(sr.value());
-  auto fi = registered_memory::make(s.dev->pd(), cfg.buffsize,
+  auto fi = registered_memory::make(s.dev->pd(), cfg.buffsize + close_reason_bytes,
                                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, "receive FIFO");
   if (!fi) return fi.error();
   s.fifo = std::move(fi.value());
@@ -104,16 +106,23 @@ inline status link::establish(const qp_record& remote, const ib_config& cfg) {
   return {};
 }
 
-// Tells a connected peer that this link is going away (imm_close) and waits
-// up to 50 ms for the write to be acknowledged, so that it is not lost with
-// the QP. Skipped when the link failed (its QPs may be in the error state)
-// or the peer closed first (it is not listening any more).
-inline void link::close() noexcept {
+// Tells a connected peer that this link is going away (imm_close, carrying
+// `reason` into the peer's reason area) and waits up to 50 ms for the write
+// to be acknowledged, so that it is not lost with the QP. Skipped when the
+// link failed (its QPs may be in the error state) or the peer closed first
+// (it is not listening any more).
+inline void link::close_because(const std::string& reason) noexcept {
   if (!s_ || !error_.ok() || s_->raddr == 0) return;
   detail::link_state& s = *s_;
   drain_cq();
-  if (!error_.ok() || s.peer_closed || s.sq_out[0] >= sq_depth) return;
-  if (!post_write(0, 0, 0, imm_close, wr_kind::close)) return;
+  if (!error_.ok() || s.peer_closed || s.closed || s.sq_out[0] >= sq_depth) return;
+  s.closed = true;  // a second close would overwrite the reason with ""
+  char* r = reinterpret_cast<char*>(s.send_ring.data() + s.st.cap);
+  const std::size_t room = close_reason_bytes - 1, n = std::min(reason.size(), room);
+  std::memcpy(r, reason.data(), n);
+  if (reason.size() > room) std::memcpy(r + room - 3, "...", 3);
+  r[n] = '\0';
+  if (!post_write(0, 0, n + 1, imm_close, wr_kind::close)) return;
   s.close_sent = true;
   const auto end = clock::now() + std::chrono::milliseconds(50);
   while (s.close_sent && error_.ok() && clock::now() < end) {

@@ -201,7 +201,9 @@ struct link_state {
   std::uint64_t received = 0, consumed = 0, credited = 0;
   bool credit_inflight = false;
   bool peer_closed = false;  // the peer's imm_close arrived (flow.hpp)
+  std::string peer_reason;   // what it wrote with it ("" if nothing)
   bool close_sent = false;   // ours is posted; its completion clears it
+  bool closed = false;       // ours went (close_because() runs once)
   std::chrono::steady_clock::time_point last_probe{};  // link_progress.hpp: probe()
 
   ~link_state() {
