@@ -117,12 +117,15 @@ inline bool read_whole_file(const std::string& path, std::string& out) {
 inline void* trace_dumper(void*) {
   const trace_signal_state& s = trace_signal();  // set before the thread was made, not changed since
   const int fd = s.read_fd;
-  logger lg(s.rank);
   char buf[64];
   for (;;) {
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return nullptr;  // the pipe was closed (not in practice: the thread lives as long as the process)
+    // Made per request, not when the thread starts: that start comes at any
+    // moment of the program's steady state (late on a loaded machine), where
+    // a logger's allocations would be the program's hot path's (alloc_test).
+    logger lg(s.rank);
     // The file replaces the one a failure wrote, whose reason line would be
     // lost with it (the failed call itself stays in the file): it is kept.
     std::string why = std::string("SIG") + trace_signal_name(s.signo) + ": a dump on request (the process went on)";
