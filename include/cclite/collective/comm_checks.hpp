@@ -202,9 +202,11 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     pool_->fail(st);  // the parent and siblings sharing these links report it
     if (pool_->set) pool_->set->stop_listening();  // and peers waiting to connect to us
     if (rec.empty()) {
-      if (trouble.empty() || st.code() == errc::aborted) return st;
-      return status(st.code(), st.message() + " (possibly an echo of another rank's failure, which the job's "
-                                              "store could not tell: " + trouble + ")");
+      // Once per message: a child's failure inside its parent's, or a peer's
+      // closing reason, may carry the note already.
+      static constexpr const char* note = "which the job's store could not tell: ";
+      if (trouble.empty() || st.code() == errc::aborted || st.message().find(note) != std::string::npos) return st;
+      return status(st.code(), st.message() + " (possibly an echo of another rank's failure, " + note + trouble + ")");
     }
     const status first = decode_fault_record(rec);
     if (first.ok()) return st;
@@ -229,6 +231,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
       return {};
     }
     if (found.error().code() != errc::timeout) {  // not "no record yet": refused, closed, ...
+      pool_->store_silent.store(true);  // nor will it answer the family's other communicators
       trouble = found.error().message();
       return {};
     }

@@ -80,7 +80,8 @@ struct link_pool {
   std::atomic<bool> aborted{false};
   std::atomic<bool> failed{false};
   /// A failing communicator of this family found the store silent for
-  /// fault_store_budget (its host lost?): the others do not wait on it again.
+  /// fault_store_budget (its host lost?) or unreachable (its host process
+  /// gone): the others do not ask it again.
   std::atomic<bool> store_silent{false};
   transport_context ctx;
   std::unique_ptr<transports> set;
