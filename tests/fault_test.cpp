@@ -26,6 +26,15 @@ namespace {
 
 bool contains(const status& st, const std::string& what) { return st.message().find(what) != std::string::npos; }
 
+// SIGKILLs this process `after` from now, from a thread of its own: the
+// main thread is then inside a collective, moving data.
+void die_after(std::chrono::milliseconds after) {
+  std::thread([after] {
+    std::this_thread::sleep_for(after);
+    ::raise(SIGKILL);
+  }).detach();
+}
+
 // Whether every call number ("#N") in `msg` is one of `kind` ("allreduce #")
 // whose shape follows as `shape`: no other call, e.g. a hierarchical child's
 // own "allgather #24 (2097152 x float)", is named by its number.
@@ -463,13 +472,7 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
           auto c = test::make_comm(*kv, rank, sz);
           const std::string victim = c->peer(2).describe();  // "rank 2 (host, pid N)"
           std::vector<float> v(4u << 20, 1.0f);
-          if (rank == 2) {
-            // Dies inside a collective: the main thread is moving data then.
-            std::thread([] {
-              std::this_thread::sleep_for(std::chrono::milliseconds(300));
-              ::raise(SIGKILL);
-            }).detach();
-          }
+          if (rank == 2) die_after(std::chrono::milliseconds(300));
           for (int i = 0; i < 100000; ++i) {
             status st = c->allreduce(v.data(), v.size());
             if (st.ok()) continue;
@@ -529,60 +532,56 @@ TEST_CASE("the store's host killed mid-collective: a rank woken by a neighbour's
     const char* algo;
   };
   for (run_case k : {run_case{net::tcp_only, ""}, run_case{net::mixed, "allreduce:hier"}}) {
-  const std::string port = std::to_string(test::free_port());
-  REQUIRE(port != "0");
-  auto r = test::run_ranks(
-      4,
-      [&](int rank, int) {
-        auto comm = cclite::init();
-        MP_REQUIRE_OK(comm);
-        auto& c = *comm.value();
-        const std::string victim = c.peer(0).describe();
-        std::vector<float> v(4u << 20, 1.0f);
-        if (rank == 0) {
-          std::thread([] {
-            std::this_thread::sleep_for(std::chrono::milliseconds(300));
-            ::raise(SIGKILL);
-          }).detach();
-        }
-        for (int i = 0; i < 100000; ++i) {
-          status st = c.allreduce(v.data(), v.size());
-          if (st.ok()) continue;
-          // Its own link to rank 0, or the store's note (ranks 1 and 3 may be
-          // woken by rank 2's closed link before they see rank 0's break).
-          // fault_verbs_emulated: a verbs link closes with the closer's reason
-          // (link::close_because), so every message names rank 0 itself.
+    const std::string port = std::to_string(test::free_port());
+    REQUIRE(port != "0");
+    auto r = test::run_ranks(
+        4,
+        [&](int rank, int) {
+          auto comm = cclite::init();
+          MP_REQUIRE_OK(comm);
+          auto& c = *comm.value();
+          const std::string victim = c.peer(0).describe();
+          std::vector<float> v(4u << 20, 1.0f);
+          if (rank == 0) die_after(std::chrono::milliseconds(300));
+          for (int i = 0; i < 100000; ++i) {
+            status st = c.allreduce(v.data(), v.size());
+            if (st.ok()) continue;
+            // Its own link to rank 0, or the store's note (ranks 1 and 3 may be
+            // woken by rank 2's closed link before they see rank 0's break).
+            // fault_verbs_emulated: a verbs link closes with the closer's reason
+            // (link::close_because), so every message names rank 0 itself.
 #if defined(CCLITE_DEFAULT_WITH_VERBS)
-          const bool named = contains(st, victim) && contains(st, "store could not tell");
+            const bool named = contains(st, victim) && contains(st, "store could not tell");
 #else
-          const bool named =
-              contains(st, victim) || (contains(st, "store could not tell") && contains(st, "(rank 0 gone?)"));
+            const bool named =
+                contains(st, victim) || (contains(st, "store could not tell") && contains(st, "(rank 0 gone?)"));
 #endif
-          const std::string m = st.message();
-          const std::size_t note = m.find("store could not tell");
-          const bool once = note == std::string::npos || m.find("store could not tell", note + 1) == std::string::npos;
-          if (st.code() != errc::peer_lost || !named || !once)
-            std::fprintf(stderr, "rank %d: expected peer_lost pointing to %s, got %s\n", rank, victim.c_str(),
-                         st.to_string().c_str());
-          MP_CHECK(st.code() == errc::peer_lost);
-          MP_CHECK(named);
-          MP_CHECK(once);
-          return 0;
-        }
-        return 1;
-      },
-      std::chrono::seconds(60), [&](int rank) {
-        test::set_net_env(k.n, rank, 4);
-        test::set_launch_env(rank, 4, port);
-        ::setenv("CCLITE_TIMEOUT", "60", 1);  // the loss must be reported well before this
-        ::setenv("CCLITE_ALGO", k.algo, 1);
-      });
-  INFO("net ", test::to_string(k.n), ": ", r.describe());
-  CHECK(r.exit_codes[0] == -SIGKILL);
-  CHECK(r.exit_codes[1] == 0);
-  CHECK(r.exit_codes[2] == 0);
-  CHECK(r.exit_codes[3] == 0);
-  CHECK_FALSE(r.timed_out);
+            const std::string m = st.message();
+            const std::size_t note = m.find("store could not tell");
+            const bool once =
+                note == std::string::npos || m.find("store could not tell", note + 1) == std::string::npos;
+            if (st.code() != errc::peer_lost || !named || !once)
+              std::fprintf(stderr, "rank %d: expected peer_lost pointing to %s, got %s\n", rank, victim.c_str(),
+                           st.to_string().c_str());
+            MP_CHECK(st.code() == errc::peer_lost);
+            MP_CHECK(named);
+            MP_CHECK(once);
+            return 0;
+          }
+          return 1;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(k.n, rank, 4);
+          test::set_launch_env(rank, 4, port);
+          ::setenv("CCLITE_TIMEOUT", "60", 1);  // the loss must be reported well before this
+          ::setenv("CCLITE_ALGO", k.algo, 1);
+        });
+    INFO("net ", test::to_string(k.n), ": ", r.describe());
+    CHECK(r.exit_codes[0] == -SIGKILL);
+    CHECK(r.exit_codes[1] == 0);
+    CHECK(r.exit_codes[2] == 0);
+    CHECK(r.exit_codes[3] == 0);
+    CHECK_FALSE(r.timed_out);
   }
 }
 
