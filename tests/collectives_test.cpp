@@ -8,8 +8,10 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "support/comm.hpp"
@@ -400,6 +402,77 @@ TEST_CASE("collectives: shm-direct's small path for every collective, at its lim
           MP_CHECK(maps_small_group());  // built by the first allgather, no allreduce before
           MP_CHECK(bad == 0);
           MP_REQUIRE_OK(c->barrier());
+          return 0;
+        },
+        std::chrono::seconds(120), [&](int rank) { test::set_net_env(net::shm_only, rank, size); });
+    INFO(size, " ranks: ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
+// The root of a small broadcast or scatter, and the other ranks of a small
+// reduce or gather, leave without waiting (shm/detail/direct_small.hpp, "Eager
+// calls"), at most one call ahead: their next call waits until everyone has
+// made this one, so that nobody rewrites a slot another rank has still to
+// read. Runs of calls by the same early leaver, ranks that fall behind now
+// and then, and data that changes every call show any slot rewritten too
+// soon as a wrong value. The last call's root closes at once.
+TEST_CASE("collectives: small rooted calls whose root leaves early, in runs, every value checked, 2..4 ranks") {
+  for (int size : {2, 3, 4}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        size,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          const std::size_t N = static_cast<std::size_t>(sz), count = 8;
+          auto value = [](int iter, int r, std::size_t i) { return static_cast<float>(iter * 64 + r * 8 + static_cast<int>(i)); };
+          int bad = 0;
+          for (int iter = 0; iter < 4000; ++iter) {
+            const int root = (iter / 8) % sz;  // runs of 8 calls with one root
+            if (iter % 61 == rank) std::this_thread::sleep_for(std::chrono::microseconds(300));  // fall behind
+            std::vector<float> mine(count), buf(count * N, -1.0f);
+            for (std::size_t i = 0; i < count; ++i) mine[i] = value(iter, rank, i);
+            switch ((iter / 4) % 4) {  // runs of 4 calls of one kind
+              case 0: {  // broadcast: the root leaves early
+                std::vector<float> b(count);
+                for (std::size_t i = 0; i < count; ++i) b[i] = rank == root ? value(iter, root, i) : -1.0f;
+                MP_REQUIRE_OK(c->broadcast(b.data(), count, dtype::float32, root));
+                for (std::size_t i = 0; i < count; ++i) bad += b[i] != value(iter, root, i);
+                break;
+              }
+              case 1: {  // reduce: the others leave early
+                MP_REQUIRE_OK(c->reduce(mine.data(), buf.data(), count, dtype::float32, reduce_op::sum, root));
+                for (std::size_t i = 0; rank == root && i < count; ++i) {
+                  float want = 0;
+                  for (int q = 0; q < sz; ++q) want += value(iter, q, i);
+                  bad += buf[i] != want;
+                }
+                break;
+              }
+              case 2: {  // scatter: the root leaves early; block q of the root goes to rank q
+                std::vector<float> all(count * N), part(count, -1.0f);
+                for (std::size_t i = 0; i < count * N; ++i) all[i] = value(iter, root, i) + 1000.0f * static_cast<float>(i / count);
+                MP_REQUIRE_OK(c->scatter(rank == root ? all.data() : nullptr, part.data(), count, dtype::float32, root));
+                for (std::size_t i = 0; i < count; ++i) bad += part[i] != value(iter, root, rank * count + i) + 1000.0f * static_cast<float>(rank);
+                break;
+              }
+              default: {  // gather: the others leave early
+                MP_REQUIRE_OK(c->gather(mine.data(), buf.data(), count, dtype::float32, root));
+                for (std::size_t i = 0; rank == root && i < count * N; ++i)
+                  bad += buf[i] != value(iter, static_cast<int>(i / count), i % count);
+                break;
+              }
+            }
+          }
+          if (bad) std::fprintf(stderr, "rank %d of %d: %d wrong values\n", rank, sz, bad);
+          MP_CHECK(bad == 0);
+          // The last call: its root closes at once, the others still read its slot.
+          float last[count];
+          for (std::size_t i = 0; i < count; ++i) last[i] = rank == 0 ? value(9999, 0, i) : -1.0f;
+          MP_REQUIRE_OK(c->broadcast(last, count, dtype::float32, 0));
+          if (rank == 0) return 0;  // and the communicator with it
+          for (std::size_t i = 0; i < count; ++i) MP_CHECK(last[i] == value(9999, 0, i));
           return 0;
         },
         std::chrono::seconds(120), [&](int rank) { test::set_net_env(net::shm_only, rank, size); });

@@ -290,7 +290,7 @@ TEST_CASE("shm-direct's small path for the other collectives: a root, count or k
       CCLITE_TRY(warm(c));
       std::vector<float> v(8, 1.0f);
       return c.broadcast(v.data(), v.size(), odd ? 1 : 0);
-    }, false, {"broadcast(count=8, float, root=0)", "broadcast(count=8, float, root=1)"});
+    }, true, {"broadcast(count=8, float, root=0)", "broadcast(count=8, float, root=1)"});  // roots leave early
     expect_mismatch(size, net::shm_only, "small allgather count", [&](default_communicator& c, bool odd) {
       CCLITE_TRY(warm(c));
       std::vector<float> v(8, 1.0f), all(24);
@@ -306,12 +306,84 @@ TEST_CASE("shm-direct's small path for the other collectives: a root, count or k
       CCLITE_TRY(warm(c));
       std::vector<float> v(4, 1.0f), out(4);
       return c.reduce(v.data(), out.data(), v.size(), dtype::float32, reduce_op::sum, odd ? 1 : 0);
-    }, false, {"root=0", "root=1"});
+    }, true, {"root=0", "root=1"});  // the other ranks leave early
     expect_mismatch(size, net::shm_only, "small vs large scatter", [&](default_communicator& c, bool odd) {
       CCLITE_TRY(warm(c));
       std::vector<float> v(3u << 16, 1.0f), out(1u << 16);
       return c.scatter(v.data(), out.data(), odd ? (1u << 16) : 4, dtype::float32, 0);
     }, true);
+  }
+}
+
+TEST_CASE("shm-direct's small rooted calls: a rank that left early hears of a mismatch from its next call, or at close") {
+  // The root of a small broadcast, and the other ranks of a small reduce,
+  // leave without waiting (shm/detail/direct_small.hpp, "Eager calls"). When
+  // every rank left early (each passed itself as the broadcast's root, or
+  // another rank as the reduce's) nobody compared the calls yet: the next
+  // call must, whatever path it takes, and closing the communicator must when
+  // that call was the last.
+  auto warm = [](default_communicator& c) {
+    float w = 1;
+    return c.allreduce(&w, 1);  // builds the node-wide group
+  };
+  for (int size : {2, 3}) {
+    for (bool reduce : {false, true}) {
+      for (bool large_next : {false, true}) {
+        const std::string what = std::string(reduce ? "reduce, each rank naming the next as root" : "broadcast, each rank its own root") +
+                                 (large_next ? ", then a large allreduce" : ", then a barrier");
+        run_mismatch_job(size, net::shm_only, what.c_str(), [&](int rank, default_communicator& c) {
+          MP_REQUIRE_OK(warm(c));
+          float v[4] = {float(rank), 1, 2, 3}, out[4] = {};
+          if (reduce) MP_REQUIRE_OK(c.reduce(v, out, 4, dtype::float32, reduce_op::sum, (rank + 1) % size));
+          else MP_REQUIRE_OK(c.broadcast(v, 4, dtype::float32, rank));  // nobody waited for anybody
+          status st;
+          if (large_next) {
+            std::vector<float> big(1u << 18, 1.0f);
+            st = c.allreduce(big.data(), big.size());
+          } else {
+            st = c.barrier();
+          }
+          if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what.c_str(), st.to_string().c_str());
+          MP_CHECK(st.code() == errc::mismatch);
+          MP_CHECK(contains(st, reduce ? "reduce(count=4, float, sum, root=" : "broadcast(count=4, float, root="));
+          MP_CHECK(contains(st, "found at this rank's next call"));
+          MP_CHECK(c.barrier().code() == errc::mismatch);
+          return 0;
+        });
+      }
+    }
+    // The mismatched broadcast is the job's last call: each rank's log says so
+    // when it closes the communicator.
+    test::temp_dir dir;
+    const std::string logs = dir.path + "/log.%r";
+    auto r = test::run_ranks(
+        size,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          MP_REQUIRE_OK(warm(*c));
+          float v[4] = {float(rank), 1, 2, 3};
+          MP_REQUIRE_OK(c->broadcast(v, 4, dtype::float32, rank));
+          c.reset();
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) {
+          test::set_net_env(net::shm_only, rank, size);
+          ::setenv("CCLITE_DEBUG_FILE", logs.c_str(), 1);
+        });
+    INFO(size, " ranks: ", r.describe());
+    CHECK(r.all_ok());
+    for (int rank = 0; rank < size; ++rank) {
+      std::string log;
+      if (std::FILE* f = std::fopen((dir.path + "/log." + std::to_string(rank)).c_str(), "r")) {
+        char buf[4096];
+        for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) log.append(buf, n);
+        std::fclose(f);
+      }
+      INFO("rank ", rank, "'s log:\n", log);
+      CHECK(log.find("closing the communicator: mismatch: broadcast #2: rank " + std::to_string(rank) +
+                     " called broadcast(count=4, float, root=" + std::to_string(rank) + ")") != std::string::npos);
+    }
   }
 }
 

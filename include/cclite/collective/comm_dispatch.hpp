@@ -47,6 +47,19 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
 
   using core::core;
 
+  /// At close, an eager last small call is checked as a next call would
+  /// (comm_shared.hpp, settle_small), so that a job whose last call was
+  /// mismatched there (every rank passed itself as the broadcast's root)
+  /// still hears of it: logged, since a destructor returns nothing.
+  void settle_before_close() {
+    if (!check_mismatch_ || !this->small_unsettled() || !broken_.ok() || aborted_.load()) return;
+    const deadline until = deadline::after(timeout());
+    std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
+    if (!nested_ && !hold_links(hold, until).ok()) return;
+    const status st = this->settle_small(until);
+    if (!st.ok()) CCLITE_WARN(log_, "rank %d: closing the communicator: %s", rank_, st.to_string().c_str());
+  }
+
   /// Aborts the hierarchical children too (their own flag: they may outlive us).
   void abort_children() noexcept { hier_.abort(); }
   /// Gives the hierarchical children this communicator's deadline (set_timeout()).
@@ -117,6 +130,12 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       status st = dispatch(d, until);
       linkless_ = {};
       return st;
+    }
+    // A call that leaves the small path after an eager small call checks that
+    // call first (comm_shared.hpp, settle_small): nothing else would.
+    if (check_mismatch_ && every_rank_calls(d.kind) && this->small_unsettled()) {
+      started = true;
+      CCLITE_TRY(this->settle_small(until));
     }
     if (!check_mismatch_ || size_ < 2 || !every_rank_calls(d.kind)) return dispatch(d, until);
     started = true;

@@ -260,7 +260,13 @@ CCLITE_SETUP_CODE_END
       const bool gives = !(K == ck::broadcast || K == ck::scatter) || is_root;
       const std::size_t read_from =
           K == ck::reduce_scatter || K == ck::alltoall || K == ck::scatter ? static_cast<std::size_t>(rank_) * block : 0;
-      CCLITE_TRY(small_exchange(send, gives ? small_slot_bytes(d) : 0, read_from, block, h, linkless, until));
+      // A rank that reads nothing of the others' leaves at once (direct_small.hpp,
+      // "Eager calls"): the root of a broadcast or scatter, the others of a
+      // reduce or gather. The scatter root's own block is in its own slot.
+      const bool eager = K == ck::broadcast || K == ck::scatter ? is_root
+                         : K == ck::reduce || K == ck::gather   ? !is_root
+                                                                : false;
+      CCLITE_TRY(small_exchange(send, gives ? small_slot_bytes(d) : 0, read_from, block, h, linkless, until, eager));
       if (!block) return {};
       // Every slot stays valid until this rank's next small call (direct.hpp).
       if constexpr (K == ck::allreduce || K == ck::reduce || K == ck::reduce_scatter) {
@@ -284,7 +290,7 @@ CCLITE_SETUP_CODE_END
   // The part of every small call that does not depend on its kind: the
   // group, the exchange of slots (direct.hpp small_exchange), the mismatch.
   status small_exchange(const std::uint8_t* send, std::size_t bytes, std::size_t read_from, std::size_t read_bytes,
-                        const call_header* h, bool linkless, deadline until) {
+                        const call_header* h, bool linkless, deadline until, bool eager) {
     if constexpr (has_direct) {
       CCLITE_TRY(ensure_small(until));
       static_assert(call_header::compact_bytes == group_t::small_tag_bytes, "small tag size");
@@ -295,16 +301,54 @@ CCLITE_SETUP_CODE_END
       auto probe = [&]() -> status {
         return h && linkless ? this->stray_on_link(prev, *h) : this->link_status(prev);
       };
-      status st = small_->small_exchange(send, bytes, read_from, read_bytes, until, h ? tag : nullptr, &odd, probe);
-      if (st.code() == errc::mismatch && odd >= 0 && h)
-        return mismatch_error(*h, rank_, call_header::decode_compact(small_->small_tag_of(odd)),
-                              peers_[static_cast<std::size_t>(odd)].rank);
+      status st =
+          small_->small_exchange(send, bytes, read_from, read_bytes, until, h ? tag : nullptr, &odd, probe, eager);
+      if (st.code() == errc::mismatch && odd >= 0 && h) return small_mismatch(odd);
       return st;
     } else {
-      (void)send, (void)bytes, (void)read_from, (void)read_bytes, (void)h, (void)linkless, (void)until;
+      (void)send, (void)bytes, (void)read_from, (void)read_bytes, (void)h, (void)linkless, (void)until, (void)eager;
       return make_error(errc::unsupported, "shm-direct needs the shm transport");
     }
   }
+
+  // Whether this rank left its last small call early (an eager one, see
+  // run_small_call) and has not yet checked that every rank made that call.
+  bool small_unsettled() const {
+    if constexpr (has_direct) return small_ && small_->unsettled();
+    else return false;
+  }
+  // Checks it (direct_small.hpp, "Eager calls"): the next call of another
+  // path does this first, so a mismatch in that call is never left unseen.
+  status settle_small(deadline until) {
+    if constexpr (has_direct) {
+      int odd = -1;
+      status st = small_->settle(until, &odd, links_open());
+      if (st.code() == errc::mismatch && odd >= 0) return small_mismatch(odd);
+      return st;
+    } else {
+      (void)until;
+      return {};
+    }
+  }
+
+CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
+  // The mismatch the small group found with member `odd`, both sides read
+  // from the slots of the call compared.
+  status small_mismatch(int odd) const {
+    if constexpr (has_direct) {
+      status m = mismatch_error(call_header::decode_compact(small_->small_tag_of(rank_)), rank_,
+                                call_header::decode_compact(small_->small_tag_of(odd)),
+                                peers_[static_cast<std::size_t>(odd)].rank);
+      if (!small_->settle_failed()) return m;
+      return status(errc::mismatch, m.message() + " (found at this rank's next call: it had left that call "
+                                                  "without waiting, as the root of a small broadcast or scatter "
+                                                  "and the other ranks of a small reduce or gather do)");
+    } else {
+      (void)odd;
+      return {};
+    }
+  }
+CCLITE_SETUP_CODE_END
 
   // Up to this size an in-place allreduce on a window takes the ordinary
   // path: the window's two all-rank synchronisations cost more than recursive

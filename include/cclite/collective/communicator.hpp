@@ -72,8 +72,11 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
   /// Waits for queued collectives (each bounded by its deadline), then closes.
+  /// A last small call this rank left early is checked first (see
+  /// settle_before_close: a mismatch there is logged).
   ~communicator() {
     queue_.shutdown();
+    this->settle_before_close();
     this->trace_.watch_queue(nullptr);  // before queue_ goes (a dump may run on another thread)
   }
 
@@ -127,6 +130,10 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   }
 
   /// Copies root's `count` elements of `buf` to every rank's `buf`.
+  /// As with MPI_Bcast, returning says only that this rank's part is done:
+  /// the root may return before the others have their copy (small calls on
+  /// one node always do; so do reduce's non-roots and scatter's root, gather's
+  /// non-roots), and then learns of a mismatch in this call from its next one.
   status broadcast(void* buf, std::size_t count, dtype t, int root) {
     return run(rooted<collective_kind::broadcast>(buf, buf, count, t, reduce_op::sum, root));
   }

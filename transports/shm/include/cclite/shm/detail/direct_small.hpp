@@ -14,6 +14,21 @@
 // member rewrites a slot only two calls later, after everyone published the
 // next call, i.e. after everyone finished reading this one.
 //
+// Eager calls: a member that only gives (the root of a broadcast or scatter,
+// the other members of a reduce or gather) may publish its slot and return
+// without waiting (small_exchange's `eager`), as MPI's eager sends let the
+// root of a small MPI_Bcast return: in a loop of such calls the members
+// overlap instead of meeting once per call (2 ranks, 8 B broadcast: 0.5 us
+// -> see docs/performance.md, "Session 33"). Nobody has compared its tag with
+// the others' yet, and its slot may still be read, so the call is left
+// unsettled: this member's next call, of any kind, first waits until every
+// member has published it and compares the tags there (settle()). A
+// mismatch is then reported by that next call, as the links path already
+// does for a rank whose part of a rooted call did not depend on the odd
+// rank; and when every member was eager in one call (each passed itself as
+// the root) nobody has checked it until then. An eager member is thus at
+// most one call ahead, which is also what keeps the two slots safe.
+//
 // Not a public header: direct.hpp includes it (direct_group derives from
 // direct_small, which derives from direct_core).
 #pragma once
@@ -48,17 +63,27 @@ class direct_small : public direct_core {
   /// data is read, as in allreduce(). `probe()` is called now and then while
   /// waiting for a member: a status other than ok ends the wait with it (the
   /// communicator looks for a peer that took another path).
+  /// `eager`: publish and return at once, leaving the call unsettled (see
+  /// "Eager calls" above; for a member that reads nothing back). Whatever
+  /// `eager`, an unsettled previous call is settled first.
   template <class Probe>
   status small_exchange(const std::uint8_t* send, std::size_t bytes, std::size_t read_from, std::size_t read_bytes,
-                        deadline until, const std::uint8_t* tag, int* odd, Probe&& probe) {
+                        deadline until, const std::uint8_t* tag, int* odd, Probe&& probe, bool eager = false) {
     const std::size_t L = members_.size();
     if (bytes > small_max_bytes) return make_error(errc::invalid_argument, "shm-direct: small call over 1 KiB");
+    if (unsettled_) CCLITE_TRY(settle(until, odd, probe));
     const std::uint64_t step = ++small_step_;
     const int parity = static_cast<int>(step & 1);
     std::uint8_t* mine = small_slot(me_, parity);
     if (bytes) std::memcpy(mine + small_data_at, send, bytes);
     if (tag) std::memcpy(mine + 8, tag, small_tag_bytes);
     small_seq(me_, parity).store(step, std::memory_order_release);
+    settle_failed_ = false;
+    if (eager) {
+      unsettled_ = true;
+      unsettled_tagged_ = tag != nullptr;
+      return {};
+    }
     // While waiting, ask for the slots' data lines past the first one too:
     // they arrive with (not after) the line that holds the number, instead of
     // as a second cache miss once the number is seen. A line fetched before
@@ -88,6 +113,38 @@ class direct_small : public direct_core {
     }
     return {};
   }
+  /// Whether the last small call was eager and has not been settled yet.
+  bool unsettled() const { return unsettled_; }
+  /// Settles an eager last call (see "Eager calls" above): waits until every
+  /// member has published it, then compares their tags with this member's
+  /// (mismatch, *odd = the first that differs; settle_failed() is then true
+  /// and small_tag_of() reads that call's tags). Nothing to do otherwise.
+  template <class Probe>
+  status settle(deadline until, int* odd, Probe&& probe) {
+    if (!unsettled_) return {};
+    const std::size_t L = members_.size();
+    const std::uint64_t step = small_step_;
+    const int parity = static_cast<int>(step & 1);
+    auto behind = [&]() {
+      for (std::size_t m = 0; m < L; ++m)
+        if (small_seq(static_cast<int>(m), parity).load(std::memory_order_acquire) < step) return static_cast<int>(m);
+      return -1;
+    };
+    CCLITE_TRY(wait_until(behind, probe, "entered the last small call (this rank had returned from it early)", until));
+    unsettled_ = false;
+    if (!unsettled_tagged_) return {};
+    const std::uint8_t* tag = small_slot(me_, parity) + 8;
+    for (std::size_t m = 0; m < L; ++m) {
+      if (std::memcmp(small_slot(static_cast<int>(m), parity) + 8, tag, small_tag_bytes) == 0) continue;
+      if (odd) *odd = static_cast<int>(m);
+      settle_failed_ = true;
+      return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
+    }
+    return {};
+  }
+  /// The last mismatch came from settle(): it is about the call before.
+  bool settle_failed() const { return settle_failed_; }
+
   /// Member `m`'s bytes in the last small_exchange(); valid until this
   /// member's next one (a member rewrites a slot only two calls later).
   const std::uint8_t* small_data(int m) const {
@@ -126,6 +183,9 @@ class direct_small : public direct_core {
   std::atomic<std::uint64_t>& small_seq(int m, int parity) const {
     return *reinterpret_cast<std::atomic<std::uint64_t>*>(small_slot(m, parity));
   }
+  bool unsettled_ = false;         // the last call was eager (settle())
+  bool unsettled_tagged_ = false;  // ... and carried a tag to compare
+  bool settle_failed_ = false;     // the last mismatch was settle()'s
 };
 
 }  // namespace cclite::shm::detail
