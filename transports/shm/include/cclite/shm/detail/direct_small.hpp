@@ -18,8 +18,8 @@
 // the other members of a reduce or gather) may publish its slot and return
 // without waiting (small_exchange's `eager`), as MPI's eager sends let the
 // root of a small MPI_Bcast return: in a loop of such calls the members
-// overlap instead of meeting once per call (2 ranks, 8 B broadcast: 0.5 us
-// -> see docs/performance.md, "Session 33"). Nobody has compared its tag with
+// overlap instead of meeting once per call (2 ranks, 8-512 B broadcast and
+// reduce: 0.5-0.7 us -> 0.3-0.5; docs/performance.md, "Session 33"). Nobody has compared its tag with
 // the others' yet, and its slot may still be read, so the call is left
 // unsettled: this member's next call, of any kind, first waits until every
 // member has published it and compares the tags there (settle()). A
