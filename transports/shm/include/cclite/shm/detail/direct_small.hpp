@@ -19,15 +19,16 @@
 // without waiting (small_exchange's `eager`), as MPI's eager sends let the
 // root of a small MPI_Bcast return: in a loop of such calls the members
 // overlap instead of meeting once per call (2 ranks, 8-512 B broadcast and
-// reduce: 0.5-0.7 us -> 0.3-0.5; docs/performance.md, "Session 33"). Nobody has compared its tag with
-// the others' yet, and its slot may still be read, so the call is left
-// unsettled: this member's next call, of any kind, first waits until every
-// member has published it and compares the tags there (settle()). A
-// mismatch is then reported by that next call, as the links path already
-// does for a rank whose part of a rooted call did not depend on the odd
-// rank; and when every member was eager in one call (each passed itself as
-// the root) nobody has checked it until then. An eager member is thus at
-// most one call ahead, which is also what keeps the two slots safe.
+// reduce: 0.5-0.7 us -> 0.3-0.5; docs/performance.md, "Session 33"). Nobody
+// has compared its tag with the others' yet, and its slot may still be
+// read, so the call is left unsettled: this member's next call, of any
+// kind, first waits until every member has published it and compares the
+// tags there (settle()). A mismatch is then reported by that next call, as
+// the links path already does for a rank whose part of a rooted call did
+// not depend on the odd rank; and when every member was eager in one call
+// (each passed itself as the root) nobody has checked it until then. An
+// eager member is thus at most one call ahead, which is also what keeps the
+// two slots safe.
 //
 // Not a public header: direct.hpp includes it (direct_group derives from
 // direct_small, which derives from direct_core).
