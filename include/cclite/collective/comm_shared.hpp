@@ -297,18 +297,24 @@ CCLITE_SETUP_CODE_END
       std::uint8_t tag[call_header::compact_bytes];
       if (h) h->encode_compact(tag);
       int odd = -1;
-      const int prev = this->topo_.ring_prev(rank_);
-      auto probe = [&]() -> status {
-        return h && linkless ? this->stray_on_link(prev, *h) : this->link_status(prev);
-      };
-      status st =
-          small_->small_exchange(send, bytes, read_from, read_bytes, until, h ? tag : nullptr, &odd, probe, eager);
+      status st = small_->small_exchange(send, bytes, read_from, read_bytes, until, h ? tag : nullptr, &odd,
+                                         small_probe(h, linkless), eager);
       if (st.code() == errc::mismatch && odd >= 0 && h) return small_mismatch(odd);
       return st;
     } else {
       (void)send, (void)bytes, (void)read_from, (void)read_bytes, (void)h, (void)linkless, (void)until, (void)eager;
       return make_error(errc::unsupported, "shm-direct needs the shm transport");
     }
+  }
+
+  // What the small path's waits look at now and then: the link from the ring
+  // predecessor, for the header of a peer that took the links instead
+  // (`linkless`: this call sent none down them) or for its closing. One type
+  // for every wait, so that settle() is compiled once.
+  auto small_probe(const call_header* h, bool linkless) {
+    return [this, h, linkless, prev = this->topo_.ring_prev(rank_)]() -> status {
+      return h && linkless ? this->stray_on_link(prev, *h) : this->link_status(prev);
+    };
   }
 
   // Whether this rank left its last small call early (an eager one, see
@@ -322,7 +328,8 @@ CCLITE_SETUP_CODE_END
   status settle_small(deadline until) {
     if constexpr (has_direct) {
       int odd = -1;
-      status st = small_->settle(until, &odd, links_open());
+      auto probe = small_probe(nullptr, false);  // an lvalue, as small_exchange passes it
+      status st = small_->settle(until, &odd, probe);
       if (st.code() == errc::mismatch && odd >= 0) return small_mismatch(odd);
       return st;
     } else {
