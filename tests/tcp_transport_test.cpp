@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -734,7 +735,14 @@ TEST_CASE("tcp: connecting to a rank whose listener is gone is peer_lost, not a 
         MP_REQUIRE(!l.ok());
         MP_CHECK(l.error().code() == errc::peer_lost);
         MP_CHECK(l.error().message().find("rank 1 (") != std::string::npos);
-        MP_CHECK(l.error().message().find("refused") != std::string::npos);
+        // Refused, as a rule; but the freed port may already belong to another
+        // process (the suite runs programs side by side: CI met it once, well
+        // before the 10 s of refusals), whose listener answers and drops our
+        // hello: still peer_lost naming rank 1, during the handshake.
+        const std::string& m = l.error().message();
+        if (m.find("refused") == std::string::npos && m.find("handshake") == std::string::npos)
+          std::fprintf(stderr, "unexpected: %s\n", l.error().to_string().c_str());
+        MP_CHECK((m.find("refused") != std::string::npos || m.find("handshake") != std::string::npos));
         MP_CHECK(clock::now() - t0 < seconds(30));
         return 0;
       },
