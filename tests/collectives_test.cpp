@@ -426,7 +426,9 @@ TEST_CASE("collectives: small rooted calls whose root leaves early, in runs, eve
           auto kv = test::open_dir_store(dir.path);
           auto c = test::make_comm(*kv, rank, sz);
           const std::size_t N = static_cast<std::size_t>(sz), count = 8;
-          auto value = [](int iter, int r, std::size_t i) { return static_cast<float>(iter * 64 + r * 8 + static_cast<int>(i)); };
+          auto value = [](int iter, int r, std::size_t i) {
+            return static_cast<float>(iter * 64 + r * 8 + static_cast<int>(i));
+          };
           int bad = 0;
           for (int iter = 0; iter < 4000; ++iter) {
             const int root = (iter / 8) % sz;  // runs of 8 calls with one root
@@ -452,9 +454,11 @@ TEST_CASE("collectives: small rooted calls whose root leaves early, in runs, eve
               }
               case 2: {  // scatter: the root leaves early; block q of the root goes to rank q
                 std::vector<float> all(count * N), part(count, -1.0f);
-                for (std::size_t i = 0; i < count * N; ++i) all[i] = value(iter, root, i) + 1000.0f * static_cast<float>(i / count);
+                for (std::size_t i = 0; i < count * N; ++i)
+                  all[i] = value(iter, root, i) + 1000.0f * static_cast<float>(i / count);
                 MP_REQUIRE_OK(c->scatter(rank == root ? all.data() : nullptr, part.data(), count, dtype::float32, root));
-                for (std::size_t i = 0; i < count; ++i) bad += part[i] != value(iter, root, rank * count + i) + 1000.0f * static_cast<float>(rank);
+                for (std::size_t i = 0; i < count; ++i)
+                  bad += part[i] != value(iter, root, rank * count + i) + 1000.0f * static_cast<float>(rank);
                 break;
               }
               default: {  // gather: the others leave early

@@ -329,8 +329,9 @@ TEST_CASE("shm-direct's small rooted calls: a rank that left early hears of a mi
   for (int size : {2, 3}) {
     for (bool reduce : {false, true}) {
       for (bool large_next : {false, true}) {
-        const std::string what = std::string(reduce ? "reduce, each rank naming the next as root" : "broadcast, each rank its own root") +
-                                 (large_next ? ", then a large allreduce" : ", then a barrier");
+        const std::string what =
+            std::string(reduce ? "reduce, each rank naming the next as root" : "broadcast, each rank its own root") +
+            (large_next ? ", then a large allreduce" : ", then a barrier");
         run_mismatch_job(size, net::shm_only, what.c_str(), [&](int rank, default_communicator& c) {
           MP_REQUIRE_OK(warm(c));
           float v[4] = {float(rank), 1, 2, 3}, out[4] = {};
@@ -343,7 +344,8 @@ TEST_CASE("shm-direct's small rooted calls: a rank that left early hears of a mi
           } else {
             st = c.barrier();
           }
-          if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what.c_str(), st.to_string().c_str());
+          if (st.code() != errc::mismatch)
+            std::fprintf(stderr, "rank %d (%s): got %s\n", rank, what.c_str(), st.to_string().c_str());
           MP_CHECK(st.code() == errc::mismatch);
           MP_CHECK(contains(st, reduce ? "reduce(count=4, float, sum, root=" : "broadcast(count=4, float, root="));
           MP_CHECK(contains(st, "found at this rank's next call"));
