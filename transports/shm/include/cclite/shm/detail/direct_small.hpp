@@ -105,14 +105,7 @@ class direct_small : public direct_core {
       return -1;
     };
     CCLITE_TRY(wait_until(behind, probe, "entered this call", until));
-    if (tag) {
-      for (std::size_t m = 0; m < L; ++m) {
-        if (std::memcmp(small_slot(static_cast<int>(m), parity) + 8, tag, small_tag_bytes) == 0) continue;
-        if (odd) *odd = static_cast<int>(m);
-        return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
-      }
-    }
-    return {};
+    return tag ? compare_tags(parity, tag, odd) : status{};
   }
   /// Whether the last small call was eager and has not been settled yet.
   bool unsettled() const { return unsettled_; }
@@ -134,14 +127,9 @@ class direct_small : public direct_core {
     CCLITE_TRY(wait_until(behind, probe, "entered the last small call (this rank had returned from it early)", until));
     unsettled_ = false;
     if (!unsettled_tagged_) return {};
-    const std::uint8_t* tag = small_slot(me_, parity) + 8;
-    for (std::size_t m = 0; m < L; ++m) {
-      if (std::memcmp(small_slot(static_cast<int>(m), parity) + 8, tag, small_tag_bytes) == 0) continue;
-      if (odd) *odd = static_cast<int>(m);
-      settle_failed_ = true;
-      return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
-    }
-    return {};
+    status st = compare_tags(parity, small_slot(me_, parity) + 8, odd);
+    settle_failed_ = !st.ok();
+    return st;
   }
   /// The last mismatch came from settle(): it is about the call before.
   bool settle_failed() const { return settle_failed_; }
@@ -183,6 +171,16 @@ class direct_small : public direct_core {
   }
   std::atomic<std::uint64_t>& small_seq(int m, int parity) const {
     return *reinterpret_cast<std::atomic<std::uint64_t>*>(small_slot(m, parity));
+  }
+  // Every member's tag in the slots of `parity` against `tag`: mismatch
+  // naming the first that differs (*odd = its index), else ok.
+  status compare_tags(int parity, const std::uint8_t* tag, int* odd) const {
+    for (std::size_t m = 0; m < members_.size(); ++m) {
+      if (std::memcmp(small_slot(static_cast<int>(m), parity) + 8, tag, small_tag_bytes) == 0) continue;
+      if (odd) *odd = static_cast<int>(m);
+      return make_error(errc::mismatch, "shm-direct: %s called something else", members_[m].name.c_str());
+    }
+    return {};
   }
   bool unsettled_ = false;         // the last call was eager (settle())
   bool unsettled_tagged_ = false;  // ... and carried a tag to compare
