@@ -1,5 +1,5 @@
 // Multi-process tests of reduce, allgather(v), reduce_scatter, alltoall(v) (also in place),
-// gather, scatter, send/recv and sendrecv over real shm and loopback TCP, on
+// gather(v), scatter(v), send/recv and sendrecv over real shm and loopback TCP, on
 // 1..5 ranks, with counts 0, 1, 7, a prime above the 4 KiB test chunk, and
 // every dtype for the reducing ones. Each rank checks against a reference it
 // computes itself; inputs are small integers so every result is exact.
@@ -224,6 +224,42 @@ int check_v_and_p2p(default_communicator& c) {
     for (std::size_t i = 0; i < rc[r]; ++i) vi[rd[r] + i] = static_cast<float>(me * 1000 + static_cast<int>(r) * 10) + static_cast<float>(i % 7);
   MP_REQUIRE_OK(c.alltoallv(vi.data(), nullptr, nullptr, vi.data(), rc.data(), rd.data(), dtype::float32));
   bad += !same(vi.data(), vw.data(), vi.size());
+  // gatherv / scatterv, every root: counts that differ per rank and root (some 0, some several
+  // 4 KiB chunks), blocks laid out in reverse rank order with gaps; the other ranks pass no
+  // arrays and no root-side buffer, as MPI allows. The last root gathers in place, async.
+  for (int root = 0; root < n; ++root) {
+    const bool is_root = me == root, last = root == n - 1;
+    std::vector<std::size_t> gc(N), gd(N);
+    std::size_t gt = 3;
+    for (std::size_t r = N; r-- > 0;) {
+      gc[r] = (r * 37 + static_cast<std::size_t>(root)) % 4 * 1500 + r % 2;
+      gd[r] = gt;
+      gt += gc[r] + 3;
+    }
+    auto tag = [](std::size_t r, std::size_t i) { return static_cast<std::int32_t>(r * 1000003 + i); };
+    const std::size_t mc = gc[static_cast<std::size_t>(me)];
+    std::vector<std::int32_t> own(mc), got(gt, -7), expect(gt, -7);
+    for (std::size_t i = 0; i < mc; ++i) own[i] = tag(static_cast<std::size_t>(me), i);
+    for (std::size_t r = 0; r < N; ++r)
+      for (std::size_t i = 0; i < gc[r]; ++i) expect[gd[r] + i] = tag(r, i);
+    if (is_root && last) {  // in place: the root's block already sits at recv + displs[root]
+      std::copy(own.begin(), own.end(), got.begin() + static_cast<std::ptrdiff_t>(gd[static_cast<std::size_t>(me)]));
+      MP_REQUIRE_OK(c.gatherv_async(got.data() + gd[static_cast<std::size_t>(me)], mc, got.data(), gc.data(),
+                                    gd.data(), dtype::int32, root).wait(std::chrono::seconds(60)));
+    } else if (last) {
+      MP_REQUIRE_OK(c.gatherv_async(own.data(), mc, nullptr, nullptr, nullptr, dtype::int32, root)
+                        .wait(std::chrono::seconds(60)));
+    } else {
+      MP_REQUIRE_OK(c.gatherv(own.data(), mc, is_root ? got.data() : nullptr, is_root ? gc.data() : nullptr,
+                              is_root ? gd.data() : nullptr, dtype::int32, root));
+    }
+    if (is_root) bad += !same(got.data(), expect.data(), gt);
+    // scatterv: the root's laid-out blocks back to their ranks
+    std::vector<std::int32_t> back(mc + 1, -9);
+    MP_REQUIRE_OK(c.scatterv(is_root ? expect.data() : nullptr, is_root ? gc.data() : nullptr,
+                             is_root ? gd.data() : nullptr, back.data(), mc, dtype::int32, root));
+    bad += !same(back.data(), own.data(), mc) || back[mc] != -9;
+  }
   // in-place alltoall of blocks larger than the communicator's scratch (moved in pieces)
   {
     const std::size_t count = 20011;
@@ -603,6 +639,17 @@ TEST_CASE("collectives: argument errors on the calling rank") {
     MP_CHECK(c->allgather(nullptr, x, 1, dtype::int32).code() == errc::invalid_argument);
     MP_CHECK(c->allgatherv(x, 1, x, nullptr, nullptr, dtype::int32).code() == errc::invalid_argument);
     MP_CHECK(c->reduce_scatter(x, x, SIZE_MAX / 4, dtype::int32, reduce_op::sum).code() == errc::invalid_argument);
+    // gatherv / scatterv: the root's arrays are checked on the root; the others' are not read
+    const std::size_t cnt[2] = {1, 2}, dsp[2] = {0, 1}, cnt_wrong_own[2] = {3, 2};
+    MP_CHECK(c->gatherv(x, 1, x, nullptr, dsp, dtype::int32, rank).code() == errc::invalid_argument);
+    MP_CHECK(c->gatherv(x, 1, nullptr, cnt, dsp, dtype::int32, rank).code() == errc::invalid_argument);
+    MP_CHECK(c->gatherv(x, 1, x, cnt_wrong_own, dsp, dtype::int32, rank).code() == errc::invalid_argument);
+    MP_CHECK(c->scatterv(nullptr, cnt, dsp, x, cnt[rank], dtype::int32, rank).code() == errc::invalid_argument);
+    MP_CHECK(c->scatterv(x, cnt, dsp, nullptr, 1, dtype::int32, 1 - rank).code() == errc::invalid_argument);
+    MP_CHECK(c->gatherv(x, 1, x, cnt, dsp, dtype::int32, 2).code() == errc::invalid_argument);
+    MP_CHECK(c->gatherv(x, 1, x, cnt, dsp, static_cast<dtype>(99), rank).code() == errc::invalid_argument);
+    MP_CHECK(c->scatterv_async(nullptr, cnt, dsp, x, cnt[rank], dtype::int32, rank).wait().code() ==
+             errc::invalid_argument);
     MP_REQUIRE_OK(c->barrier());  // still usable
     return 0;
   });

@@ -236,6 +236,53 @@ TEST_CASE("point to point: a receive that meets a send of another size gives mis
   }
 }
 
+TEST_CASE("gatherv / scatterv / alltoallv: a count that differs from the other side's array is a mismatch naming the rank") {
+  // Rank 2 is not the root's ring neighbour at 4 ranks: its link to the root
+  // is made by the call. The envelope is read before any data, also past the
+  // link buffer (12 MiB), where the sender is still pushing when the root fails.
+  auto gv = [](std::size_t odd_count) {
+    return [odd_count](default_communicator& c) -> status {
+      std::vector<std::size_t> counts{3, 1, odd_count + 1, 0}, displs{0, 3, 4, 4 + odd_count + 1};
+      std::vector<float> mine(c.rank() == 2 ? odd_count : counts[static_cast<std::size_t>(c.rank())], 1.0f);
+      std::vector<float> all(c.rank() == 0 ? displs[3] : 0);
+      return c.gatherv(mine.data(), mine.size(), all.data(), counts.data(), displs.data(), dtype::float32, 0);
+    };
+  };
+  for (net n : {net::shm_only, net::tcp_only}) {
+    expect_p2p_mismatch(4, n, "gatherv", 0, gv(5), {"rank 2 sends 5 x float but the root's recv_counts[2] is 6"});
+    expect_p2p_mismatch(4, n, "gatherv past the buffer", 0, gv(3u << 20),
+                        {"rank 2 sends 3145728 x float but the root's recv_counts[2] is 3145729"});
+    expect_p2p_mismatch(4, n, "scatterv", 2, [](default_communicator& c) -> status {
+      std::vector<std::size_t> counts{1, 2, 6, 4}, displs{0, 1, 3, 9};
+      std::vector<std::int64_t> all(13, 5), mine(7, 0);
+      const std::size_t want = c.rank() == 2 ? 7 : counts[static_cast<std::size_t>(c.rank())];
+      return c.scatterv(all.data(), counts.data(), displs.data(), mine.data(), want, dtype::int64, 1);
+    }, {"the root (rank 1) sends 6 x int64 to this rank (send_counts[2]) but its recv_count is 7"});
+    // alltoallv: rank 3 sends rank 1 one element more than rank 1 expects (within the
+    // link buffer, and past it), then in place with recv counts that are not symmetric.
+    auto a2av = [](std::size_t base) {
+      return [base](default_communicator& c) -> status {
+        std::vector<std::size_t> sc(4, 1), rc(4, 1), sd(4), rd(4);
+        if (c.rank() == 3) sc[1] = base + 1;
+        if (c.rank() == 1) rc[3] = base;
+        for (std::size_t r = 1; r < 4; ++r) sd[r] = sd[r - 1] + sc[r - 1], rd[r] = rd[r - 1] + rc[r - 1];
+        std::vector<float> out(sd[3] + sc[3], 2.0f), in(rd[3] + rc[3], 0.0f);
+        return c.alltoallv(out.data(), sc.data(), sd.data(), in.data(), rc.data(), rd.data(), dtype::float32);
+      };
+    };
+    expect_p2p_mismatch(4, n, "alltoallv", 1, a2av(1), {"rank 3 sends 2 x float to this rank but this rank's "
+                        "recv_counts[3] is 1; send_counts[j] on rank i must equal recv_counts[i] on rank j"});
+    expect_p2p_mismatch(4, n, "alltoallv past the buffer", 1, a2av(3u << 20),
+                        {"rank 3 sends 3145729 x float to this rank but this rank's recv_counts[3] is 3145728"});
+    expect_p2p_mismatch(4, n, "alltoallv in place", 1, [](default_communicator& c) -> status {
+      std::vector<std::size_t> rc(4, 2), rd{0, 2, 4, 6};
+      if (c.rank() == 3) rc[1] = 1;
+      std::vector<std::int32_t> buf(8, c.rank());
+      return c.alltoallv(buf.data(), nullptr, nullptr, buf.data(), rc.data(), rd.data(), dtype::int32);
+    }, {"in place, recv_counts[j] on rank i must equal recv_counts[i] on rank j (MPI_IN_PLACE)"});
+  }
+}
+
 TEST_CASE("shm-direct's small allreduce: mismatches are seen at once once the node-wide group exists") {
   // After the first small allreduce, small ones skip the links: the call
   // header rides in the group's slots, and a rank that took the links instead
@@ -484,7 +531,7 @@ TEST_CASE("shm-direct's small allreduce: results, barriers, check off, and a ran
   CHECK(r.all_ok());
 }
 
-TEST_CASE("per-rank counts of allgatherv are not a mismatch and the check can be turned off (collectives and point to point)") {
+TEST_CASE("per-rank counts of allgatherv, gatherv and scatterv are not a mismatch and the check can be turned off (collectives and point to point)") {
   for (const char* check : {"1", "0"}) {
     test::temp_dir dir;
     auto r = test::run_ranks(
@@ -496,6 +543,12 @@ TEST_CASE("per-rank counts of allgatherv are not a mismatch and the check can be
           std::vector<int> mine(counts[static_cast<std::size_t>(rank)], rank + 1), all(308, -1);
           MP_REQUIRE_OK(c->allgatherv(mine.data(), mine.size(), all.data(), counts.data(), displs.data(), dtype::int32));
           MP_CHECK(all[0] == 1 && all[1] == 2 && all[300] == 2 && all[301] == 3 && all[307] == 3);
+          // gatherv / scatterv: no envelopes when off, the same bytes
+          std::vector<int> g(308, -1), back(counts[static_cast<std::size_t>(rank)], -1);
+          MP_REQUIRE_OK(c->gatherv(mine.data(), mine.size(), g.data(), counts.data(), displs.data(), dtype::int32, 1));
+          if (rank == 1) MP_CHECK(g == all);
+          MP_REQUIRE_OK(c->scatterv(all.data(), counts.data(), displs.data(), back.data(), back.size(), dtype::int32, 2));
+          MP_CHECK(back == mine);
           int x = 1;
           MP_REQUIRE_OK(c->allreduce(&x, 1));
           MP_CHECK(x == 3);

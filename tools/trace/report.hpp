@@ -24,7 +24,8 @@ inline bool reducing(const std::string& kind) {
   return kind == "allreduce" || kind == "reduce" || kind == "reduce_scatter";
 }
 inline bool rooted(const std::string& kind) {
-  return kind == "broadcast" || kind == "reduce" || kind == "gather" || kind == "scatter";
+  return kind == "broadcast" || kind == "reduce" || kind == "gather" || kind == "scatter" || kind == "gatherv" ||
+         kind == "scatterv";
 }
 inline bool point_to_point(const call& c) { return c.coll == 0; }
 
@@ -50,8 +51,9 @@ inline std::string plural_ranks(const std::vector<int>& ranks) {
 inline std::string arguments(const call& c) {
   if (c.kind == "barrier") return "";
   std::string s = " (";
-  // allgatherv / alltoallv: per-rank counts legitimately differ
-  if (c.kind != "allgatherv" && c.kind != "alltoallv") s += std::to_string(c.count) + " x ";
+  // the v-variants: per-rank counts legitimately differ
+  const bool v = c.kind == "allgatherv" || c.kind == "alltoallv" || c.kind == "gatherv" || c.kind == "scatterv";
+  if (!v) s += std::to_string(c.count) + " x ";
   s += c.dtype;
   if (reducing(c.kind)) s += ", " + c.op;
   if (rooted(c.kind)) s += ", root " + std::to_string(c.root);

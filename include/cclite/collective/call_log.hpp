@@ -42,6 +42,8 @@ inline std::string describe_call(const op_desc& d, std::uint64_t seq, int rank) 
     std::snprintf(buf, sizeof buf, "%sbarrier%s", who, num);
   } else if (d.kind == collective_kind::group) {
     std::snprintf(buf, sizeof buf, "%sgroup%s (%zu transfers)", who, num, d.count);
+  } else if (d.kind == collective_kind::alltoallv) {  // no count of its own: one per peer
+    std::snprintf(buf, sizeof buf, "%salltoallv%s (%s)", who, num, to_string(d.type));
   } else {
     const bool op = d.kind == collective_kind::allreduce;
     std::snprintf(buf, sizeof buf, "%s%s%s (%zu x %s%s%s)", who, to_string(d.kind), num, d.count, to_string(d.type),
@@ -70,7 +72,8 @@ inline const char* describe_algorithm(collective_kind k, const call_route& r) {
   switch (k) {  // the ring family's schedule for this collective
     case collective_kind::broadcast: return "ring chain";
     case collective_kind::reduce: return "ring chain to the root";
-    case collective_kind::gather: case collective_kind::scatter: return "direct to/from the root";
+    case collective_kind::gather: case collective_kind::scatter: case collective_kind::gatherv:
+    case collective_kind::scatterv: return "direct to/from the root";
     case collective_kind::alltoall: case collective_kind::alltoallv: return "pairwise exchange";
     case collective_kind::send: case collective_kind::recv: case collective_kind::sendrecv: return "direct";
     case collective_kind::group: return "direct, every peer's transfers at once";

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <cclite/algorithm/halving_doubling.hpp>
+#include <cclite/algorithm/p2p_envelope.hpp>
 #include <cclite/algorithm/p2p_group.hpp>
 #include <cclite/algorithm/recursive_doubling.hpp>
 #include <cclite/algorithm/ring_gather.hpp>
@@ -156,38 +157,99 @@ class comm_algorithms : public comm_checks<Transports...> {
     });
   }
 
-  // Gather / scatter straight between the root and each rank, in rank order.
+  // Gather / scatter (and gatherv / scatterv) straight between the root and
+  // each rank, in rank order. The v-variants' sizes differ per rank, so each
+  // message carries an envelope with its count (algorithm/p2p_envelope.hpp),
+  // checked by its receiver before any data is taken: a rank whose count
+  // differs from the root's counts[r] is a mismatch naming both, never bytes
+  // read into the wrong place (the call header cannot hold per-rank counts).
   status run_rooted_direct(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t bytes,
                            std::size_t elem, deadline until) {
-    const bool gather = d.kind == collective_kind::gather;
-    const std::size_t me = static_cast<std::size_t>(rank_);
-    if (bytes && (gather ? !send : !recv)) return make_error(errc::invalid_argument, "%s: null buffer", to_string(d.kind));
-    if (bytes && rank_ == d.root && (gather ? !recv : !send))
-      return make_error(errc::invalid_argument, "%s: null buffer on the root", to_string(d.kind));
+    const bool gather = d.kind == collective_kind::gather || d.kind == collective_kind::gatherv;
+    const bool v = d.kind == collective_kind::gatherv || d.kind == collective_kind::scatterv;
+    const bool envelopes = v && this->check_mismatch_;
+    if (!v) {  // the v-variants checked these when called (op.hpp)
+      if (bytes && (gather ? !send : !recv)) return make_error(errc::invalid_argument, "%s: null buffer", to_string(d.kind));
+      if (bytes && rank_ == d.root && (gather ? !recv : !send))
+        return make_error(errc::invalid_argument, "%s: null buffer on the root", to_string(d.kind));
+    }
     CCLITE_TRY(this->agree_before_connecting(base::site_rooted_direct, d.root, until));
+    std::uint8_t env[p2p_envelope::wire_bytes];
     if (rank_ != d.root) {
       CCLITE_TRY(ensure_links(&d.root, 1, until));
       return with_links(d.root, d.root, elem, nullptr, until, [&](auto& pr) -> status {
-        CCLITE_TRY(gather ? pr.send(send, bytes) : pr.recv(recv, bytes));
+        if (gather) {
+          if (envelopes) p2p_envelope::encode(env, d.type, d.count);
+          CCLITE_TRY(pr.send_prefixed(env, envelopes ? sizeof env : 0, send, bytes));
+        } else {
+          if (envelopes) {
+            CCLITE_TRY(pr.recv(env, sizeof env));
+            CCLITE_TRY(check_v_count(d, env, d.root, d.count));
+          }
+          CCLITE_TRY(pr.recv(recv, bytes));
+        }
         return pr.finish();
       });
     }
-    if (gather) CCLITE_TRY(local_copy(send, recv + me * bytes, bytes));
-    else CCLITE_TRY(local_copy(send + me * bytes, recv, bytes));
+    const std::size_t me = static_cast<std::size_t>(rank_);
+    auto count_of = [&](std::size_t r) { return v ? d.counts[r] : d.count; };
+    auto at_of = [&](std::size_t r) { return (v ? d.displs[r] : r * d.count) * elem; };
+    if (gather) CCLITE_TRY(local_copy(send, recv + at_of(me), bytes));
+    else CCLITE_TRY(local_copy(send + at_of(me), recv, bytes));
     std::vector<int>& all = scratch_peers_;
     all.resize(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r) all[static_cast<std::size_t>(r)] = r;
     CCLITE_TRY(ensure_links(all.data(), size_, until));
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      const std::size_t at = static_cast<std::size_t>(r) * bytes;
+      const std::size_t ur = static_cast<std::size_t>(r), n = count_of(ur), at = at_of(ur);
       CCLITE_TRY(with_links(r, r, elem, nullptr, until, [&](auto& pr) -> status {
-        CCLITE_TRY(gather ? pr.recv(recv + at, bytes) : pr.send(send + at, bytes));
+        if (gather) {
+          if (envelopes) {
+            CCLITE_TRY(pr.recv(env, sizeof env));
+            CCLITE_TRY(check_v_count(d, env, r, n));
+          }
+          CCLITE_TRY(pr.recv(recv + at, n * elem));
+        } else {
+          if (envelopes) p2p_envelope::encode(env, d.type, n);
+          CCLITE_TRY(pr.send_prefixed(env, envelopes ? sizeof env : 0, send + at, n * elem));
+        }
         return pr.finish();
       }));
     }
     return {};
   }
+
+  // The envelope `env` of a gatherv / scatterv / alltoallv message from
+  // `peer` against the `count` this rank expects from it (same dtype: the
+  // call header said).
+  status check_v_count(const op_desc& d, const std::uint8_t* env, int peer, std::size_t count) {
+    if (p2p_envelope::check(env, d.type, count, peer).ok()) return {};
+    return v_count_mismatch(d, env, peer, count);
+  }
+CCLITE_SETUP_CODE_BEGIN  // an error message: compiled for size (config.hpp)
+  [[gnu::noinline]] status v_count_mismatch(const op_desc& d, const std::uint8_t* env, int peer,
+                                            std::size_t count) const {
+    const bool gather = d.kind == collective_kind::gatherv;
+    const unsigned long long theirs = get_le(env + 8, 8);
+    if (static_cast<std::uint32_t>(get_le(env, 4)) != p2p_envelope::magic_value)
+      return make_error(errc::mismatch, "what came from rank %d is not its message's envelope "
+                        "(CCLITE_CHECK_MISMATCH must be the same on every rank)", peer);
+    if (d.kind == collective_kind::alltoallv) {
+      const bool in_place = d.send && d.send == d.recv;
+      return make_error(errc::mismatch, "rank %d sends %llu x %s to this rank but this rank's recv_counts[%d] is %zu; "
+                        "%s", peer, theirs, to_string(d.type), peer, count, in_place
+                        ? "in place, recv_counts[j] on rank i must equal recv_counts[i] on rank j (MPI_IN_PLACE)"
+                        : "send_counts[j] on rank i must equal recv_counts[i] on rank j");
+    }
+    if (gather)
+      return make_error(errc::mismatch, "rank %d sends %llu x %s but the root's recv_counts[%d] is %zu; the root's "
+                        "counts must equal each rank's send_count", peer, theirs, to_string(d.type), peer, count);
+    return make_error(errc::mismatch, "the root (rank %d) sends %llu x %s to this rank (send_counts[%d]) but its "
+                      "recv_count is %zu; the root's counts must equal each rank's recv_count", peer, theirs,
+                      to_string(d.type), rank_, count);
+  }
+CCLITE_SETUP_CODE_END
 
   // Pairwise exchange: in step k send to rank+k and receive from rank-k, both
   // at once; n-1 steps, each rank sends (n-1)/n of its buffer. In place
@@ -217,13 +279,35 @@ class comm_algorithms : public comm_checks<Transports...> {
     std::size_t total = 0;
     for (int r = 0; r < n; ++r) total += rcount(r) * elem;
     const bool stream = total >= ring_stream_output_min_bytes;
+    // alltoallv's per-pair counts: an envelope ahead of each message, as
+    // gatherv's (run_rooted_direct), checked before any data is taken.
+    const bool envelopes = d.kind == collective_kind::alltoallv && this->check_mismatch_;
     for (int k = 1; k < n; ++k) {
       const int to = (rank_ + k) % n, from = (rank_ - k + n) % n;
+      const std::uint8_t* out = send + sdispl(to) * elem;
+      std::uint8_t* in = recv + rdispl(from) * elem;
+      const std::size_t ob = scount(to) * elem, ib = rcount(from) * elem;
       CCLITE_TRY(with_links(from, to, elem, nullptr, until, [&](auto& pr) -> status {
         pr.stream_output(stream, stream);
-        pr.will_finish();
-        CCLITE_TRY(pr.sendrecv(send + sdispl(to) * elem, scount(to) * elem, recv + rdispl(from) * elem,
-                               rcount(from) * elem));
+        if (!envelopes) {
+          pr.will_finish();
+          CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
+          return pr.finish();
+        }
+        std::uint8_t oenv[p2p_envelope::wire_bytes], ienv[p2p_envelope::wire_bytes];
+        p2p_envelope::encode(oenv, d.type, scount(to));
+        if (sizeof oenv + ob <= chunk_bytes_) {  // ours fits the link buffer: out at once, one trip
+          pr.will_finish();
+          CCLITE_TRY(pr.send_prefixed(oenv, sizeof oenv, out, ob));
+          CCLITE_TRY(pr.recv(ienv, sizeof ienv));
+          CCLITE_TRY(check_v_count(d, ienv, from, rcount(from)));
+          CCLITE_TRY(pr.recv(in, ib));
+        } else {  // envelopes both ways first, then the data both ways at once
+          CCLITE_TRY(pr.sendrecv(oenv, sizeof oenv, ienv, sizeof ienv));
+          CCLITE_TRY(check_v_count(d, ienv, from, rcount(from)));
+          pr.will_finish();
+          CCLITE_TRY(pr.sendrecv(out, ob, in, ib));
+        }
         return pr.finish();
       }));
     }
@@ -272,6 +356,12 @@ class comm_algorithms : public comm_checks<Transports...> {
       if (p < 0) continue;
       std::uint8_t* block = buf + rdispl_of(d, p) * elem;
       const std::size_t bytes = rcount_of(d, p) * elem;
+      if (d.kind == collective_kind::alltoallv && this->check_mismatch_) {  // the pair's counts first
+        std::uint8_t oenv[p2p_envelope::wire_bytes], ienv[p2p_envelope::wire_bytes];
+        p2p_envelope::encode(oenv, d.type, rcount_of(d, p));
+        CCLITE_TRY(exchange_with(p, oenv, sizeof oenv, ienv, sizeof ienv, elem, until));
+        CCLITE_TRY(check_v_count(d, ienv, p, rcount_of(d, p)));
+      }
       for (std::size_t at = 0; at < bytes; at += piece) {
         const std::size_t b = std::min(piece, bytes - at);
         std::memcpy(scratch_.data(), block + at, b);

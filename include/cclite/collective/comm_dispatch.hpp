@@ -239,8 +239,9 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       return ring([&](auto& pr) {
         return ring_reduce_scatter(pr, send, recv, d.count, elem, red, n, pos, topo_.ring().data(), rank_, chunk);
       });
-    } else if constexpr (K == ck::gather || K == ck::scatter) {
-      if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);
+    } else if constexpr (K == ck::gather || K == ck::scatter || K == ck::gatherv || K == ck::scatterv) {
+      if constexpr (K == ck::gather || K == ck::scatter)
+        if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);
       return run_rooted_direct(d, send, recv, bytes, elem, until);
     } else if constexpr (K == ck::alltoall || K == ck::alltoallv) {
       if constexpr (K == ck::alltoall)

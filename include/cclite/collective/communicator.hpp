@@ -220,6 +220,24 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
     return submit(rooted<collective_kind::scatter>(send, recv, count, t, reduce_op::sum, root));
   }
 
+  /// Gather with per-rank counts (MPI_Gatherv): rank r's `send` (send_count
+  /// elements) lands at root's recv + recv_displs[r]. `recv_counts` and
+  /// `recv_displs` (size() entries) are read on the root only and may be null
+  /// elsewhere, as is `recv`; recv_counts[r] must equal rank r's send_count
+  /// (checked on every message: errc::mismatch naming the rank). In place on
+  /// the root: send == recv + recv_displs[root].
+  status gatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* recv_counts,
+                 const std::size_t* recv_displs, dtype t, int root);
+  work gatherv_async(const void* send, std::size_t send_count, void* recv, const std::size_t* recv_counts,
+                     const std::size_t* recv_displs, dtype t, int root);
+  /// Scatter with per-rank counts (MPI_Scatterv): rank r's `recv` (recv_count
+  /// elements) = send_counts[r] elements of root's send at send + send_displs[r].
+  /// `send`, `send_counts` and `send_displs` are read on the root only.
+  status scatterv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs, void* recv,
+                  std::size_t recv_count, dtype t, int root);
+  work scatterv_async(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
+                      void* recv, std::size_t recv_count, dtype t, int root);
+
   /// Point to point: `peer` must call recv (or sendrecv) with the same count
   /// and dtype. Calls to one peer match in issue order. A send larger than the
   /// link buffer completes only once the peer receives. A receive that meets
@@ -403,7 +421,8 @@ CCLITE_SETUP_CODE_END
                                std::size_t recv_count, int src, dtype t);
   template <collective_kind K>
   static op_desc vdesc(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
-                       const std::size_t* displs, const std::size_t* rcounts, const std::size_t* rdispls, dtype t);
+                       const std::size_t* displs, const std::size_t* rcounts, const std::size_t* rdispls, dtype t,
+                       int root = 0);
   status run(const op_desc& d);     // blocking forms
   work submit(const op_desc& d);    // _async forms
   status record(const op_desc& d);  // inside a group

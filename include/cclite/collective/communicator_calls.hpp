@@ -4,7 +4,7 @@
 //
 // Definitions of communicator<Transports...>'s private call path and of
 // its point-to-point calls, group_end() and the v-variants (allgatherv,
-// alltoallv); all the public calls are declared and documented in
+// alltoallv, gatherv, scatterv); all the public calls are declared and documented in
 // communicator.hpp, which includes this header at its end (including this
 // one first works too). A call is checked here, then queued (work_queue.hpp);
 // the queue's thread or the caller runs it through comm_dispatch.hpp's
@@ -68,6 +68,45 @@ inline work communicator<Transports...>::alltoallv_async(const void* send, const
                                                          const std::size_t* recv_displs, dtype t) {
   return submit(vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
                       recv_displs, t));
+}
+
+// gatherv and scatterv check the root's arrays first (op.hpp: validate_root_of_v).
+template <class... Transports>
+inline status communicator<Transports...>::gatherv(const void* send, std::size_t send_count, void* recv,
+                                                   const std::size_t* recv_counts, const std::size_t* recv_displs,
+                                                   dtype t, int root) {
+  const op_desc d = vdesc<collective_kind::gatherv>(send, send_count, recv, recv_counts, recv_displs, nullptr,
+                                                    nullptr, t, root);
+  CCLITE_TRY(detail::validate_root_of_v(d, rank_, size_));
+  return run(d);
+}
+template <class... Transports>
+inline work communicator<Transports...>::gatherv_async(const void* send, std::size_t send_count, void* recv,
+                                                       const std::size_t* recv_counts,
+                                                       const std::size_t* recv_displs, dtype t, int root) {
+  const op_desc d = vdesc<collective_kind::gatherv>(send, send_count, recv, recv_counts, recv_displs, nullptr,
+                                                    nullptr, t, root);
+  status st = detail::validate_root_of_v(d, rank_, size_);
+  return st.ok() ? submit(d) : work::failed(std::move(st));
+}
+
+template <class... Transports>
+inline status communicator<Transports...>::scatterv(const void* send, const std::size_t* send_counts,
+                                                    const std::size_t* send_displs, void* recv,
+                                                    std::size_t recv_count, dtype t, int root) {
+  const op_desc d = vdesc<collective_kind::scatterv>(send, recv_count, recv, send_counts, send_displs, nullptr,
+                                                     nullptr, t, root);
+  CCLITE_TRY(detail::validate_root_of_v(d, rank_, size_));
+  return run(d);
+}
+template <class... Transports>
+inline work communicator<Transports...>::scatterv_async(const void* send, const std::size_t* send_counts,
+                                                        const std::size_t* send_displs, void* recv,
+                                                        std::size_t recv_count, dtype t, int root) {
+  const op_desc d = vdesc<collective_kind::scatterv>(send, recv_count, recv, send_counts, send_displs, nullptr,
+                                                     nullptr, t, root);
+  status st = detail::validate_root_of_v(d, rank_, size_);
+  return st.ok() ? submit(d) : work::failed(std::move(st));
 }
 
 template <class... Transports>
@@ -141,8 +180,9 @@ template <class... Transports>
 template <collective_kind K>
 inline op_desc communicator<Transports...>::vdesc(const void* send, std::size_t send_count, void* recv,
                                                   const std::size_t* counts, const std::size_t* displs,
-                                                  const std::size_t* rcounts, const std::size_t* rdispls, dtype t) {
-  op_desc d = rooted<K>(send, recv, send_count, t, reduce_op::sum, 0);
+                                                  const std::size_t* rcounts, const std::size_t* rdispls, dtype t,
+                                                  int root) {
+  op_desc d = rooted<K>(send, recv, send_count, t, reduce_op::sum, root);
   d.counts = counts;
   d.displs = displs;
   d.rcounts = rcounts;

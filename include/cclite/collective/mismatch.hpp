@@ -142,7 +142,8 @@ CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
     const char* t = type < dtype_count ? to_string(static_cast<dtype>(type)) : "?";
     int n = 0;
     if (k == collective_kind::allgatherv) n = std::snprintf(buf, sizeof buf, "allgatherv(%s, counts hash %08x", t, aux);
-    else if (k == collective_kind::alltoallv) n = std::snprintf(buf, sizeof buf, "alltoallv(%s", t);
+    else if (k == collective_kind::alltoallv || k == collective_kind::gatherv || k == collective_kind::scatterv)
+      n = std::snprintf(buf, sizeof buf, "%s(%s", to_string(k), t);
     else n = std::snprintf(buf, sizeof buf, "%s(count=%" PRIu64 ", %s", to_string(k), count, t);
     if (reduces(k) && n > 0 && n < static_cast<int>(sizeof buf))
       n += std::snprintf(buf + n, sizeof buf - static_cast<std::size_t>(n), ", %s",
@@ -160,7 +161,7 @@ CCLITE_SETUP_CODE_END
   }
   static bool rooted(collective_kind k) {
     return k == collective_kind::broadcast || k == collective_kind::reduce || k == collective_kind::gather ||
-           k == collective_kind::scatter;
+           k == collective_kind::scatter || k == collective_kind::gatherv || k == collective_kind::scatterv;
   }
 };
 
@@ -169,9 +170,11 @@ static_assert(call_header::magic_value == p2p_envelope::call_header_magic,
 
 /// The header of `d`, the `seq`-th collective of this communicator. Fields a
 /// kind does not use are zero, so headers compare field by field. Only what
-/// must agree across ranks goes in: per-rank counts of allgatherv/alltoallv
+/// must agree across ranks goes in: per-rank counts of the v-variants
 /// legitimately differ (allgatherv's counts *array* must agree, so its hash
-/// goes in; alltoallv's per-pair counts are not checked).
+/// goes in; the per-rank counts of gatherv and scatterv and the per-pair
+/// counts of alltoallv are checked by an envelope ahead of each message,
+/// comm_algorithms.hpp).
 inline call_header make_call_header(const op_desc& d, int size, std::uint64_t seq, std::uint32_t comm = 0) {
   call_header h;
   h.kind = static_cast<std::uint8_t>(d.kind);
@@ -188,7 +191,8 @@ inline call_header make_call_header(const op_desc& d, int size, std::uint64_t se
       for (int i = 0; i < 8; ++i) x = (x ^ static_cast<std::uint8_t>(c >> (8 * i))) * 16777619u;
     }
     h.aux = x;
-  } else if (d.kind != collective_kind::alltoallv) {
+  } else if (d.kind != collective_kind::alltoallv && d.kind != collective_kind::gatherv &&
+             d.kind != collective_kind::scatterv) {
     h.count = d.count;
   }
   return h;

@@ -19,8 +19,9 @@ enum class collective_kind : std::uint8_t {
   allreduce, broadcast, barrier, reduce, allgather, reduce_scatter, alltoall, gather, scatter,
   send, recv, sendrecv, allgatherv, alltoallv,
   group,  ///< the sends and receives of communicator::group_start() .. group_end()
+  gatherv, scatterv,  // after group: the kinds' numbers are on the wire (call headers) and in trace files
 };
-inline constexpr int collective_kind_count = 15;
+inline constexpr int collective_kind_count = 17;
 
 inline const char* to_string(collective_kind k) noexcept {
   switch (k) {
@@ -39,6 +40,8 @@ inline const char* to_string(collective_kind k) noexcept {
     case collective_kind::allgatherv: return "allgatherv";
     case collective_kind::alltoallv: return "alltoallv";
     case collective_kind::group: return "group";
+    case collective_kind::gatherv: return "gatherv";
+    case collective_kind::scatterv: return "scatterv";
   }
   return "?";
 }
@@ -89,8 +92,9 @@ struct op_desc {
   int peer2 = 0;
   std::size_t count2 = 0;
   // v-variants: per-rank element counts and displacements (size() entries each)
-  const std::size_t* counts = nullptr;   ///< allgatherv: recv counts; alltoallv: send counts
-  const std::size_t* displs = nullptr;   ///< allgatherv: recv displs; alltoallv: send displs
+  /// allgatherv and gatherv (on the root): recv counts; alltoallv and scatterv (on the root): send counts
+  const std::size_t* counts = nullptr;
+  const std::size_t* displs = nullptr;   ///< the displacements that go with `counts`
   const std::size_t* rcounts = nullptr;  ///< alltoallv: recv counts
   const std::size_t* rdispls = nullptr;  ///< alltoallv: recv displs
   /// Set by communicator (the call's algorithms); null in a call built
@@ -124,6 +128,32 @@ inline bool overflows(std::size_t count, std::size_t times, dtype t) {
   return times != 0 && count > limit / times;
 }
 
+/// Checks gatherv's and scatterv's arrays on their root (`counts` and
+/// `displs` matter there only, as in MPI): present, in range, a buffer for
+/// any count > 0, and the root's own count equal to its send / recv count.
+/// Called by those two calls only (not validate()), so that a program that
+/// does not use them does not compile it. Nothing to check off the root.
+inline status validate_root_of_v(const op_desc& d, int rank, int size) {
+  if (rank != d.root || !is_valid(d.type)) return {};  // an invalid dtype: validate() says so
+  const char* name = to_string(d.kind);
+  const bool gather = d.kind == collective_kind::gatherv;
+  if (!d.counts || !d.displs)
+    return make_error(errc::invalid_argument, "%s: null %s_counts or displacements array on the root", name,
+                      gather ? "recv" : "send");
+  const void* all = gather ? static_cast<const void*>(d.recv) : d.send;
+  for (int r = 0; r < size; ++r) {
+    if (overflows(d.counts[r], 1, d.type) || overflows(d.displs[r], 1, d.type))
+      return make_error(errc::invalid_argument, "%s: count or displacement of rank %d overflows", name, r);
+    if (d.counts[r] && !all)
+      return make_error(errc::invalid_argument, "%s: null %s buffer on the root with %s_counts[%d] = %zu", name,
+                        gather ? "recv" : "send", gather ? "recv" : "send", r, d.counts[r]);
+  }
+  if (d.counts[d.root] != d.count)
+    return make_error(errc::invalid_argument, "%s: the root's own %s_counts[%d] = %zu but its %s_count is %zu",
+                      name, gather ? "recv" : "send", d.root, d.counts[d.root], gather ? "send" : "recv", d.count);
+  return {};
+}
+
 /// Checks what one rank can check alone. `size` = number of ranks.
 inline status validate(const op_desc& d, int size) {
   const char* name = to_string(d.kind);
@@ -137,7 +167,8 @@ inline status validate(const op_desc& d, int size) {
     return make_error(errc::invalid_argument, "%s: %s takes integer dtypes, not %s", name, to_string(d.op),
                       to_string(d.type));
   const bool rooted = d.kind == collective_kind::broadcast || d.kind == collective_kind::reduce ||
-                      d.kind == collective_kind::gather || d.kind == collective_kind::scatter;
+                      d.kind == collective_kind::gather || d.kind == collective_kind::scatter ||
+                      d.kind == collective_kind::gatherv || d.kind == collective_kind::scatterv;
   const bool p2p = d.kind == collective_kind::send || d.kind == collective_kind::recv ||
                    d.kind == collective_kind::sendrecv;
   if ((rooted || p2p) && (d.root < 0 || d.root >= size))
@@ -189,6 +220,12 @@ inline status validate(const op_desc& d, int size) {
       return {};
     case collective_kind::reduce: case collective_kind::gather: case collective_kind::scatter:
       return {};  // which buffers matter depends on root: checked when run
+    case collective_kind::gatherv:  // the rank's own block; the root's arrays: validate_root_of_v
+      if (!d.send) return make_error(errc::invalid_argument, "gatherv: null send buffer with send_count %zu", d.count);
+      return {};
+    case collective_kind::scatterv:
+      if (!d.recv) return make_error(errc::invalid_argument, "scatterv: null recv buffer with recv_count %zu", d.count);
+      return {};
     default:
       if (!d.send || !d.recv)
         return make_error(errc::invalid_argument, "%s: null buffer with count %zu", name, d.count);

@@ -66,8 +66,9 @@ class device_buffers final : public device_hook {
     // Off the root, reduce and gather write no recv and scatter reads no send:
     // those pointers do not decide.
     const bool root = d.root == comm_->rank();
-    const bool no_recv = !root && (d.kind == collective_kind::reduce || d.kind == collective_kind::gather);
-    const bool no_send = !root && d.kind == collective_kind::scatter;
+    const bool no_recv = !root && (d.kind == collective_kind::reduce || d.kind == collective_kind::gather ||
+                                   d.kind == collective_kind::gatherv);
+    const bool no_send = !root && (d.kind == collective_kind::scatter || d.kind == collective_kind::scatterv);
     return route_of(no_send ? nullptr : d.send, no_recv ? nullptr : d.recv) != buffer_route::host;
   }
 
