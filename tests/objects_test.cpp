@@ -1,7 +1,9 @@
 // Strings and vectors whose size only their owner knows (collective/objects.hpp):
 // real processes over shared memory and loopback TCP. Checked: root's data on
 // every rank whatever the others held, every rank's contribution in rank order
-// (lengths 0 to 300 KB, different per rank), empty data everywhere, the same
+// (lengths 0 to 300 KB, different per rank) on every rank or on a root, a
+// root's parts scattered (and a root with a part too few: invalid_argument on
+// every rank, no wait), empty data everywhere, the same
 // over a tcp-only communicator, and a rank passing another root gets
 // errc::mismatch instead of a hang or mixed data.
 #include <cclite/cclite.hpp>
@@ -61,12 +63,49 @@ int check_all(Comm& comm) {
   auto nothing = allgather_strings(comm, std::string());
   MP_REQUIRE_OK(nothing);
   for (const auto& s : nothing.value()) MP_CHECK(s.empty());
+  // gather to each root in turn: rank order on the root, nothing elsewhere
+  for (int root = 0; root < n; ++root) {
+    auto g = gather_strings(comm, text_of(rank, root), root);
+    MP_REQUIRE_OK(g);
+    if (rank != root) {
+      MP_CHECK(g.value().empty());
+      continue;
+    }
+    MP_REQUIRE(g.value().size() == static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) MP_CHECK(g.value()[static_cast<std::size_t>(r)] == text_of(r, root));
+  }
+  auto gn = gather_vectors(comm, numbers_of(rank), n - 1);
+  MP_REQUIRE_OK(gn);
+  if (rank == n - 1)
+    for (int r = 0; r < n; ++r) MP_CHECK(gn.value()[static_cast<std::size_t>(r)] == numbers_of(r));
+  // scatter from each root: rank r gets the root's part r (one of them empty)
+  for (int root = 0; root < n; ++root) {
+    std::vector<std::string> parts;
+    if (rank == root)
+      for (int r = 0; r < n; ++r) parts.push_back(text_of(r, root + 5));
+    auto mine = scatter_strings(comm, parts, root);
+    MP_REQUIRE_OK(mine);
+    MP_CHECK(mine.value() == text_of(rank, root + 5));
+  }
+  std::vector<std::vector<double>> nparts;
+  if (rank == 1)
+    for (int r = 0; r < n; ++r) nparts.push_back(numbers_of(n - r));
+  auto sn = scatter_vectors(comm, nparts, 1);
+  MP_REQUIRE_OK(sn);
+  MP_CHECK(sn.value() == numbers_of(n - rank));
+  // a root with a part too few: invalid_argument everywhere, no wait, and the communicator goes on
+  std::vector<std::string> short_parts(rank == 0 ? static_cast<std::size_t>(n - 1) : 0, "x");
+  auto wrong = scatter_strings(comm, short_parts, 0);
+  MP_CHECK(wrong.error().code() == errc::invalid_argument);
+  const char* said = rank == 0 ? "the root has 2 parts for 3 ranks" : "the root (rank 0) was not given one part per rank";
+  MP_CHECK(wrong.error().message().find(said) != std::string::npos);
+  MP_REQUIRE_OK(comm.barrier());
   return 0;
 }
 
 }  // namespace
 
-TEST_CASE("objects: broadcast and allgather of strings and vectors of any length, 3 ranks, shm and tcp") {
+TEST_CASE("objects: broadcast, allgather, gather and scatter of strings and vectors of any length, 3 ranks, shm and tcp") {
   for (bool tcp : {false, true}) {
     test::temp_dir dir;
     auto r = test::run_ranks(
