@@ -1,4 +1,4 @@
-// Multi-process tests of reduce, allgather(v), reduce_scatter, alltoall(v) (also in place),
+// Multi-process tests of reduce, allgather(v), reduce_scatter(v), alltoall(v) (also in place),
 // gather(v), scatter(v), send/recv and sendrecv over real shm and loopback TCP, on
 // 1..5 ranks, with counts 0, 1, 7, a prime above the 4 KiB test chunk, and
 // every dtype for the reducing ones. Each rank checks against a reference it
@@ -73,6 +73,8 @@ int check_reductions(default_communicator& c) {
         std::vector<T> x(n * (count + 1));
         bad += c.reduce(x.data(), x.data(), count, t, op, 0).code() != errc::invalid_argument;
         bad += c.reduce_scatter(x.data(), x.data(), count, t, op).code() != errc::invalid_argument;
+        const std::vector<std::size_t> rc(static_cast<std::size_t>(n), count);
+        bad += c.reduce_scatterv(x.data(), x.data(), rc.data(), t, op).code() != errc::invalid_argument;
         continue;
       }
       // reduce to every root; non-roots' recv must stay untouched
@@ -103,6 +105,33 @@ int check_reductions(default_communicator& c) {
       if (!same(mine, want.data(), count)) {
         std::fprintf(stderr, "rank %d: in-place reduce_scatter %s %s count %zu wrong\n", me, to_string(t), to_string(op), count);
         ++bad;
+      }
+      // reduce_scatterv: blocks of different lengths (one rank's empty when
+      // n > 1), back to back; out of place (dtype form), then in place (typed).
+      {
+        std::vector<std::size_t> rc(static_cast<std::size_t>(n)), at(static_cast<std::size_t>(n) + 1);
+        for (int b = 0; b < n; ++b) {
+          const std::size_t ub = static_cast<std::size_t>(b);
+          rc[ub] = b % 3 == 1 ? 0 : count + ub * 3;
+          at[ub + 1] = at[ub] + rc[ub];
+        }
+        std::vector<T> vsend(at.back() + 1);
+        for (int b = 0; b < n; ++b) {
+          const std::size_t ub = static_cast<std::size_t>(b);
+          auto blk = contribution<T>(me, rc[ub], ub * 1000);
+          std::copy(blk.begin(), blk.end(), vsend.begin() + static_cast<std::ptrdiff_t>(at[ub]));
+        }
+        const std::size_t um = static_cast<std::size_t>(me);
+        const std::vector<T> vwant = reduced<T>(n, rc[um], op, um * 1000);
+        std::vector<T> vrecv(rc[um] + 1, as<T>(1));
+        MP_REQUIRE_OK(c.reduce_scatterv(vsend.data(), vrecv.data(), rc.data(), t, op));
+        MP_REQUIRE_OK(c.reduce_scatterv(static_cast<const T*>(vsend.data()), vsend.data() + at[um], rc.data(), op));
+        if (!same(vrecv.data(), vwant.data(), rc[um]) || !same(vsend.data() + at[um], vwant.data(), rc[um]) ||
+            !same(vrecv.data() + rc[um], std::vector<T>(1, as<T>(1)).data(), 1)) {
+          std::fprintf(stderr, "rank %d: reduce_scatterv %s %s count %zu wrong\n", me, to_string(t), to_string(op),
+                       count);
+          ++bad;
+        }
       }
       // The typed forms (T* buffers) carry T's kernels alone instead of
       // every dtype's (collective/op.hpp, kernel_lookup): the same bits.
@@ -648,6 +677,10 @@ TEST_CASE("collectives: argument errors on the calling rank") {
     MP_CHECK(c->scatterv(x, cnt, dsp, nullptr, 1, dtype::int32, 1 - rank).code() == errc::invalid_argument);
     MP_CHECK(c->gatherv(x, 1, x, cnt, dsp, dtype::int32, 2).code() == errc::invalid_argument);
     MP_CHECK(c->gatherv(x, 1, x, cnt, dsp, static_cast<dtype>(99), rank).code() == errc::invalid_argument);
+    MP_CHECK(c->reduce_scatterv(x, x, nullptr, dtype::int32, reduce_op::sum).code() == errc::invalid_argument);
+    MP_CHECK(c->reduce_scatterv(x, nullptr, cnt, dtype::int32, reduce_op::sum).code() == errc::invalid_argument);
+    const std::size_t huge[2] = {SIZE_MAX / 8, SIZE_MAX / 8};
+    MP_CHECK(c->reduce_scatterv(x, x, huge, dtype::int32, reduce_op::sum).code() == errc::invalid_argument);
     MP_CHECK(c->scatterv_async(nullptr, cnt, dsp, x, cnt[rank], dtype::int32, rank).wait().code() ==
              errc::invalid_argument);
     MP_REQUIRE_OK(c->barrier());  // still usable

@@ -119,6 +119,12 @@ TEST_CASE("mismatched counts dtypes ops collectives and roots give mismatch on e
         std::vector<float> v(4096, 1.0f);
         return c.broadcast(v.data(), v.size(), odd ? 1 : 0);
       }, true, {"root=0", "root=1"});
+      expect_mismatch(size, n, "reduce_scatterv counts", [size](default_communicator& c, bool odd) {
+        std::vector<std::size_t> counts(static_cast<std::size_t>(size), 300);
+        if (odd) counts[0] = 299;  // every rank's own block the same size: only the array differs
+        std::vector<float> v(300 * static_cast<std::size_t>(size), 1.0f), out(300);
+        return c.reduce_scatterv(v.data(), out.data(), counts.data(), dtype::float32, reduce_op::sum);
+      }, false, {"reduce_scatterv(float, counts hash "});
     }
   }
 }

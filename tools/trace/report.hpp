@@ -21,7 +21,7 @@ namespace cclite_trace {
 namespace detail {
 
 inline bool reducing(const std::string& kind) {
-  return kind == "allreduce" || kind == "reduce" || kind == "reduce_scatter";
+  return kind == "allreduce" || kind == "reduce" || kind == "reduce_scatter" || kind == "reduce_scatterv";
 }
 inline bool rooted(const std::string& kind) {
   return kind == "broadcast" || kind == "reduce" || kind == "gather" || kind == "scatter" || kind == "gatherv" ||
@@ -52,7 +52,8 @@ inline std::string arguments(const call& c) {
   if (c.kind == "barrier") return "";
   std::string s = " (";
   // the v-variants: per-rank counts legitimately differ
-  const bool v = c.kind == "allgatherv" || c.kind == "alltoallv" || c.kind == "gatherv" || c.kind == "scatterv";
+  const bool v = c.kind == "allgatherv" || c.kind == "alltoallv" || c.kind == "gatherv" || c.kind == "scatterv" ||
+                 c.kind == "reduce_scatterv";
   if (!v) s += std::to_string(c.count) + " x ";
   s += c.dtype;
   if (reducing(c.kind)) s += ", " + c.op;

@@ -1,4 +1,4 @@
-// cclite/algorithm/ring_gather.hpp - ring allgather(v), ring reduce-scatter, chain reduce.
+// cclite/algorithm/ring_gather.hpp - ring allgather(v), ring reduce-scatter(v), chain reduce.
 //
 // All three move data around the ring (prev -> this rank -> next) in rounds of
 // at most `chunk` elements per block, like ring_allreduce, so a round always
@@ -8,7 +8,7 @@
 //                   step 0 send own block, then recv_copy_send, last step recv.
 //                   Cost (n-1) alpha + (n-1)/n * N beta (N = output bytes).
 //   reduce_scatter  n-1 steps: send, recv_reduce_send..., last recv_reduce_copy
-//                   into this rank's own block. Same cost plus the reductions.
+//   (v)             into this rank's own block. Same cost plus the reductions.
 //   reduce (chain)  the ring cut open after the root: rank root+1 sends, the
 //                   others reduce and forward, the root keeps the result.
 //                   Pipelined, so ~ (n-1) alpha + N beta for large N.
@@ -24,9 +24,12 @@ namespace cclite {
 /// Which rank sits at each ring position, and where each rank's block lives.
 struct ring_blocks {
   const int* ring;         ///< ring[q] = rank at ring position q
-  const std::size_t* len;  ///< len[r] = elements of rank r's block
-  const std::size_t* off;  ///< off[r] = element offset of rank r's block
+  const std::size_t* len;  ///< len[r] = elements of rank r's block; null: max_len each
+  const std::size_t* off;  ///< off[r] = element offset of rank r's block; null: r * max_len
   std::size_t max_len;
+
+  std::size_t len_of(int r) const { return len ? len[r] : max_len; }
+  std::size_t off_of(int r) const { return off ? off[r] : static_cast<std::size_t>(r) * max_len; }
 };
 
 /// Allgather(v): every block already sits at its place in `recv` on its owner
@@ -66,35 +69,44 @@ status ring_allgather(Prims& prims, std::uint8_t* recv, std::size_t elem, int n,
   return prims.finish();
 }
 
-/// Reduce-scatter: `send` holds n blocks of `count` elements (block r for rank
-/// r at r * count); `recv` receives this rank's block reduced over all ranks.
-/// `recv` may alias send's own block (in place).
+/// Reduce-scatter(v): `send` holds every rank's block (block r: b.len[r]
+/// elements at element b.off[r]); `recv` receives this rank's (`self`) block
+/// reduced over all ranks. `recv` may alias send's own block (in place).
+/// Blocks of different lengths move in the same rounds of `chunk` elements:
+/// a block that has run out sends nothing in the later rounds.
 template <class Prims>
-status ring_reduce_scatter(Prims& prims, const std::uint8_t* send, std::uint8_t* recv,
-                           std::size_t count, std::size_t elem, const reduction& red, int n,
-                           int pos, const int* ring, int self, std::size_t chunk) {
+status ring_reduce_scatter(Prims& prims, const std::uint8_t* send, std::uint8_t* recv, const ring_blocks& b,
+                           std::size_t elem, const reduction& red, int n, int pos, int self, std::size_t chunk) {
+  const std::size_t own_off = b.off_of(self) * elem, own_len = b.len_of(self);
   if (n == 1) {
-    if (count && send + static_cast<std::size_t>(self) * count * elem != recv)
-      std::memcpy(recv, send + static_cast<std::size_t>(self) * count * elem, count * elem);
+    if (own_len && send + own_off != recv) std::memcpy(recv, send + own_off, own_len * elem);
     return {};
   }
   // Step k handles the block of ring position p-k-1, so the last step (k = n-1)
   // completes the block of ring position p: this rank's own.
-  auto block_at = [&](int k) { return static_cast<std::size_t>(ring[((pos - k - 1) % n + n) % n]); };
-  const std::size_t rounds = count ? (count + chunk - 1) / chunk : 0;
+  auto block_at = [&](int k) { return b.ring[((pos - k - 1) % n + n) % n]; };
+  const std::size_t rounds = b.max_len ? (b.max_len + chunk - 1) / chunk : 0;
   for (std::size_t rd = 0; rd < rounds; ++rd) {
-    const std::size_t lo = rd * chunk, len = std::min(chunk, count - lo), bytes = len * elem;
-    auto at = [&](int k) { return (block_at(k) * count + lo) * elem; };
+    // Step k's piece of its block in this round: [lo, hi) of it, as bytes.
+    auto piece = [&](int k, std::size_t& at) {
+      const int r = block_at(k);
+      const std::size_t lo = std::min(b.len_of(r), rd * chunk), hi = std::min(b.len_of(r), lo + chunk);
+      at = (b.off_of(r) + lo) * elem;
+      return (hi - lo) * elem;
+    };
+    std::size_t at = 0, bytes = piece(0, at);
     const bool last = rd + 1 == rounds;  // its last sending verb carries the end pad
     if (last && n == 2) prims.will_finish();
-    CCLITE_TRY(prims.send(send + at(0), bytes));
+    CCLITE_TRY(prims.send(send + at, bytes));
     for (int k = 1; k < n - 1; ++k) {
+      bytes = piece(k, at);
       if (last && k == n - 2) prims.will_finish();
-      CCLITE_TRY(prims.recv_reduce_send(send + at(k), bytes));
+      CCLITE_TRY(prims.recv_reduce_send(send + at, bytes));
     }
-    std::uint8_t* out = recv + lo * elem;
-    CCLITE_TRY(prims.recv_reduce_copy(send + at(n - 1), out, bytes));
-    if (red.needs_divide) red.divide(out, len, n);
+    bytes = piece(n - 1, at);
+    std::uint8_t* out = recv + (at - own_off);
+    CCLITE_TRY(prims.recv_reduce_copy(send + at, out, bytes));
+    if (red.needs_divide) red.divide(out, bytes / elem, n);
   }
   return prims.finish();
 }

@@ -62,6 +62,31 @@ class comm_algorithms : public comm_checks<Transports...> {
     });
   }
 
+  // reduce_scatterv around the ring: rank r's block is counts[r] elements
+  // right after the blocks of the ranks before it (MPI_Reduce_scatter's
+  // layout). reduce_scatter's equal blocks go straight to ring_reduce_scatter.
+  status run_reduce_scatterv(const op_desc& d, const std::uint8_t* send, std::uint8_t* recv, std::size_t elem,
+                             const reduction& red, deadline until) {
+    const int n = size_;
+    std::vector<std::size_t>& len = scratch_len_;
+    std::vector<std::size_t>& off = scratch_off_;
+    len.resize(static_cast<std::size_t>(n));  // no allocation after the first call
+    off.resize(static_cast<std::size_t>(n));
+    std::size_t max_len = 0, at = 0;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(n); ++r) {
+      len[r] = d.counts[r];
+      off[r] = at;
+      at += len[r];
+      max_len = std::max(max_len, len[r]);
+    }
+    const ring_blocks b{topo_.ring().data(), len.data(), off.data(), max_len};
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / elem);
+    if (n == 1) return local_copy(send, recv, len[0] * elem);
+    return with_links(topo_.ring_prev(rank_), topo_.ring_next(rank_), elem, &red, until, [&](auto& pr) {
+      return ring_reduce_scatter(pr, send, recv, b, elem, red, n, topo_.ring_position(rank_), rank_, chunk);
+    });
+  }
+
   // Recursive doubling on `recv` (send copied in first), exchanging with each
   // partner over a direct link.
   status run_rd_allreduce(const std::uint8_t* send, std::uint8_t* recv, std::size_t count,

@@ -236,9 +236,10 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     } else if constexpr (K == ck::reduce_scatter) {
       if (n == 1) return local_copy(send, recv, bytes);
       if (this->small_direct(d)) return run_small<K>(d, until);
-      return ring([&](auto& pr) {
-        return ring_reduce_scatter(pr, send, recv, d.count, elem, red, n, pos, topo_.ring().data(), rank_, chunk);
-      });
+      const ring_blocks b{topo_.ring().data(), nullptr, nullptr, d.count};  // equal blocks
+      return ring([&](auto& pr) { return ring_reduce_scatter(pr, send, recv, b, elem, red, n, pos, rank_, chunk); });
+    } else if constexpr (K == ck::reduce_scatterv) {
+      return this->run_reduce_scatterv(d, send, recv, elem, red, until);
     } else if constexpr (K == ck::gather || K == ck::scatter || K == ck::gatherv || K == ck::scatterv) {
       if constexpr (K == ck::gather || K == ck::scatter)
         if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);

@@ -187,6 +187,21 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
     return run(typed<collective_kind::reduce_scatter>(send, recv, count, op, 0));
   }
 
+  /// Reduce-scatter with per-rank counts (MPI_Reduce_scatter): `send` holds
+  /// every rank's block back to back (rank r's: recv_counts[r] elements, after
+  /// those of ranks 0..r-1); `recv` (recv_counts[rank()] elements) receives
+  /// this rank's block reduced over all ranks. `recv_counts`: size() entries,
+  /// equal on all ranks (a rank whose array differs gets errc::mismatch). In
+  /// place: recv == send + (recv_counts[0] + ... + recv_counts[rank() - 1]).
+  status reduce_scatterv(const void* send, void* recv, const std::size_t* recv_counts, dtype t, reduce_op op);
+  work reduce_scatterv_async(const void* send, void* recv, const std::size_t* recv_counts, dtype t, reduce_op op);
+  template <class T>
+  status reduce_scatterv(const T* send, T* recv, const std::size_t* recv_counts, reduce_op op = reduce_op::sum) {
+    const op_desc d = rsv_desc(send, recv, recv_counts, dtype_of_v<T>, op, &detail::kernels_of<T>);
+    CCLITE_TRY(detail::validate_counts_of_rsv(d, size_));
+    return run(d);
+  }
+
   /// Block r of `send` (count elements each) goes to rank r, block r of `recv`
   /// comes from rank r. `send == recv` is the in-place form (MPI_IN_PLACE):
   /// each block is swapped with its rank through a bounded scratch buffer.
@@ -423,6 +438,8 @@ CCLITE_SETUP_CODE_END
   static op_desc vdesc(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
                        const std::size_t* displs, const std::size_t* rcounts, const std::size_t* rdispls, dtype t,
                        int root = 0);
+  op_desc rsv_desc(const void* send, void* recv, const std::size_t* recv_counts, dtype t, reduce_op op,
+                   detail::kernel_lookup kernels) const;
   status run(const op_desc& d);     // blocking forms
   work submit(const op_desc& d);    // _async forms
   status record(const op_desc& d);  // inside a group

@@ -4,7 +4,7 @@
 //
 // Definitions of communicator<Transports...>'s private call path and of
 // its point-to-point calls, group_end() and the v-variants (allgatherv,
-// alltoallv, gatherv, scatterv); all the public calls are declared and documented in
+// alltoallv, gatherv, scatterv, reduce_scatterv); all the public calls are declared and documented in
 // communicator.hpp, which includes this header at its end (including this
 // one first works too). A call is checked here, then queued (work_queue.hpp);
 // the queue's thread or the caller runs it through comm_dispatch.hpp's
@@ -110,6 +110,22 @@ inline work communicator<Transports...>::scatterv_async(const void* send, const 
 }
 
 template <class... Transports>
+inline status communicator<Transports...>::reduce_scatterv(const void* send, void* recv,
+                                                           const std::size_t* recv_counts, dtype t, reduce_op op) {
+  const op_desc d = rsv_desc(send, recv, recv_counts, t, op, &reduction_for);
+  CCLITE_TRY(detail::validate_counts_of_rsv(d, size_));
+  return run(d);
+}
+template <class... Transports>
+inline work communicator<Transports...>::reduce_scatterv_async(const void* send, void* recv,
+                                                               const std::size_t* recv_counts, dtype t,
+                                                               reduce_op op) {
+  const op_desc d = rsv_desc(send, recv, recv_counts, t, op, &reduction_for);
+  status st = detail::validate_counts_of_rsv(d, size_);
+  return st.ok() ? submit(d) : work::failed(std::move(st));
+}
+
+template <class... Transports>
 inline status communicator<Transports...>::send(const void* buf, std::size_t count, dtype t, int peer) {
   return run(rooted<collective_kind::send>(buf, nullptr, count, t, reduce_op::sum, peer));
 }
@@ -187,6 +203,17 @@ inline op_desc communicator<Transports...>::vdesc(const void* send, std::size_t 
   d.displs = displs;
   d.rcounts = rcounts;
   d.rdispls = rdispls;
+  return d;
+}
+
+// reduce_scatterv: its count is this rank's block (the INFO lines' and error
+// messages' size), the counts array the block of every rank.
+template <class... Transports>
+inline op_desc communicator<Transports...>::rsv_desc(const void* send, void* recv, const std::size_t* recv_counts,
+                                                     dtype t, reduce_op op, detail::kernel_lookup kernels) const {
+  op_desc d = rooted<collective_kind::reduce_scatterv>(send, recv, recv_counts ? recv_counts[rank_] : 0, t, op, 0,
+                                                       kernels);
+  d.counts = recv_counts;
   return d;
 }
 

@@ -141,7 +141,8 @@ CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
     char buf[160];
     const char* t = type < dtype_count ? to_string(static_cast<dtype>(type)) : "?";
     int n = 0;
-    if (k == collective_kind::allgatherv) n = std::snprintf(buf, sizeof buf, "allgatherv(%s, counts hash %08x", t, aux);
+    if (k == collective_kind::allgatherv || k == collective_kind::reduce_scatterv)
+      n = std::snprintf(buf, sizeof buf, "%s(%s, counts hash %08x", to_string(k), t, aux);
     else if (k == collective_kind::alltoallv || k == collective_kind::gatherv || k == collective_kind::scatterv)
       n = std::snprintf(buf, sizeof buf, "%s(%s", to_string(k), t);
     else n = std::snprintf(buf, sizeof buf, "%s(count=%" PRIu64 ", %s", to_string(k), count, t);
@@ -157,7 +158,8 @@ CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
 CCLITE_SETUP_CODE_END
 
   static bool reduces(collective_kind k) {
-    return k == collective_kind::allreduce || k == collective_kind::reduce || k == collective_kind::reduce_scatter;
+    return k == collective_kind::allreduce || k == collective_kind::reduce || k == collective_kind::reduce_scatter ||
+           k == collective_kind::reduce_scatterv;
   }
   static bool rooted(collective_kind k) {
     return k == collective_kind::broadcast || k == collective_kind::reduce || k == collective_kind::gather ||
@@ -171,8 +173,8 @@ static_assert(call_header::magic_value == p2p_envelope::call_header_magic,
 /// The header of `d`, the `seq`-th collective of this communicator. Fields a
 /// kind does not use are zero, so headers compare field by field. Only what
 /// must agree across ranks goes in: per-rank counts of the v-variants
-/// legitimately differ (allgatherv's counts *array* must agree, so its hash
-/// goes in; the per-rank counts of gatherv and scatterv and the per-pair
+/// legitimately differ (the counts *array* of allgatherv and reduce_scatterv
+/// must agree, so its hash goes in; the per-rank counts of gatherv and scatterv and the per-pair
 /// counts of alltoallv are checked by an envelope ahead of each message,
 /// comm_algorithms.hpp).
 inline call_header make_call_header(const op_desc& d, int size, std::uint64_t seq, std::uint32_t comm = 0) {
@@ -184,7 +186,7 @@ inline call_header make_call_header(const op_desc& d, int size, std::uint64_t se
   h.type = static_cast<std::uint8_t>(d.type);
   if (call_header::reduces(d.kind)) h.op = static_cast<std::uint8_t>(d.op);
   if (call_header::rooted(d.kind)) h.root = d.root;
-  if (d.kind == collective_kind::allgatherv) {
+  if (d.kind == collective_kind::allgatherv || d.kind == collective_kind::reduce_scatterv) {
     std::uint32_t x = 2166136261u;  // FNV-1a over the counts
     for (int r = 0; r < size && d.counts; ++r) {
       std::uint64_t c = d.counts[r];

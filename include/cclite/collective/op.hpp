@@ -19,9 +19,9 @@ enum class collective_kind : std::uint8_t {
   allreduce, broadcast, barrier, reduce, allgather, reduce_scatter, alltoall, gather, scatter,
   send, recv, sendrecv, allgatherv, alltoallv,
   group,  ///< the sends and receives of communicator::group_start() .. group_end()
-  gatherv, scatterv,  // after group: the kinds' numbers are on the wire (call headers) and in trace files
+  gatherv, scatterv, reduce_scatterv,  // after group: the kinds' numbers are on the wire (call headers) and in trace files
 };
-inline constexpr int collective_kind_count = 17;
+inline constexpr int collective_kind_count = 18;
 
 inline const char* to_string(collective_kind k) noexcept {
   switch (k) {
@@ -42,6 +42,7 @@ inline const char* to_string(collective_kind k) noexcept {
     case collective_kind::group: return "group";
     case collective_kind::gatherv: return "gatherv";
     case collective_kind::scatterv: return "scatterv";
+    case collective_kind::reduce_scatterv: return "reduce_scatterv";
   }
   return "?";
 }
@@ -92,7 +93,8 @@ struct op_desc {
   int peer2 = 0;
   std::size_t count2 = 0;
   // v-variants: per-rank element counts and displacements (size() entries each)
-  /// allgatherv and gatherv (on the root): recv counts; alltoallv and scatterv (on the root): send counts
+  /// allgatherv, reduce_scatterv and gatherv (on the root): recv counts; alltoallv and scatterv (on the
+  /// root): send counts
   const std::size_t* counts = nullptr;
   const std::size_t* displs = nullptr;   ///< the displacements that go with `counts`
   const std::size_t* rcounts = nullptr;  ///< alltoallv: recv counts
@@ -154,13 +156,31 @@ inline status validate_root_of_v(const op_desc& d, int rank, int size) {
   return {};
 }
 
+/// Checks reduce_scatterv's counts array (rank r's block: counts[r]
+/// elements, back to back in send): present, the total in range, a send
+/// buffer when it is not 0. Its count (this rank's block) and recv are
+/// validate()'s. Called by reduce_scatterv only, as validate_root_of_v.
+inline status validate_counts_of_rsv(const op_desc& d, int size) {
+  if (!is_valid(d.type)) return {};  // validate() says so
+  const char* name = to_string(d.kind);
+  if (!d.counts) return make_error(errc::invalid_argument, "%s: null recv_counts array", name);
+  std::size_t total = 0;
+  for (int r = 0; r < size; ++r) {
+    if (overflows(d.counts[r], 1, d.type) || overflows(total + d.counts[r], 1, d.type))
+      return make_error(errc::invalid_argument, "%s: the counts overflow the byte size at rank %d", name, r);
+    total += d.counts[r];
+  }
+  if (total && !d.send) return make_error(errc::invalid_argument, "%s: null send buffer with counts > 0", name);
+  return {};
+}
+
 /// Checks what one rank can check alone. `size` = number of ranks.
 inline status validate(const op_desc& d, int size) {
   const char* name = to_string(d.kind);
   if (d.kind == collective_kind::barrier || d.kind == collective_kind::group) return {};
   if (!is_valid(d.type)) return make_error(errc::invalid_argument, "%s: invalid dtype %d", name, static_cast<int>(d.type));
   const bool reduces = d.kind == collective_kind::allreduce || d.kind == collective_kind::reduce ||
-                       d.kind == collective_kind::reduce_scatter;
+                       d.kind == collective_kind::reduce_scatter || d.kind == collective_kind::reduce_scatterv;
   if (reduces && !is_valid(d.op))
     return make_error(errc::invalid_argument, "%s: invalid reduce_op %d", name, static_cast<int>(d.op));
   if (reduces && !applies_to(d.op, d.type))
