@@ -240,6 +240,35 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < k; ++i) ok = ok && part[i] == r * 11 + std::int32_t(i);
     expect(ok, r, "scatter int32");
   }
+  // gatherv to and scatterv from rank n - 1, and reduce_scatterv: counts that differ per
+  // rank (rank 0's empty), across the nodes.
+  {
+    const int root = n - 1;
+    std::vector<std::size_t> cnt(n), dsp(n);
+    std::size_t tot = 0;
+    for (int p = 0; p < n; ++p) {
+      cnt[p] = std::size_t(p) * 1500;
+      dsp[p] = tot;
+      tot += cnt[p];
+    }
+    std::vector<std::int32_t> mine(cnt[r]), all(tot, -1), back(cnt[r], -1);
+    for (std::size_t i = 0; i < cnt[r]; ++i) mine[i] = r * 100000 + std::int32_t(i);
+    call(c.gatherv(mine.data(), cnt[r], all.data(), cnt.data(), dsp.data(), dtype::int32, root), r, "gatherv");
+    bool ok = true;
+    if (r == root)
+      for (int p = 0; p < n; ++p)
+        for (std::size_t i = 0; i < cnt[p]; ++i) ok = ok && all[dsp[p] + i] == p * 100000 + std::int32_t(i);
+    expect(ok, r, "gatherv int32");
+    call(c.scatterv(all.data(), cnt.data(), dsp.data(), back.data(), cnt[r], dtype::int32, root), r, "scatterv");
+    expect(back == mine, r, "scatterv int32");
+
+    std::vector<float> in(tot), out(cnt[r], -1.0f);
+    for (std::size_t i = 0; i < tot; ++i) in[i] = float(r + (i % 1000));
+    call(c.reduce_scatterv(in.data(), out.data(), cnt.data(), dtype::float32, reduce_op::sum), r, "reduce_scatterv");
+    ok = true;
+    for (std::size_t i = 0; i < cnt[r]; ++i) ok = ok && out[i] == float(n * (n - 1) / 2 + n * ((dsp[r] + i) % 1000));
+    expect(ok, r, "reduce_scatterv sum float");
+  }
   // sendrecv around the ring, then send/recv between pairs (0,1), (2,3), ...
   {
     const std::size_t k = big / 4;
