@@ -43,6 +43,44 @@ inline status checked_bytes(std::uint64_t n, std::size_t elem, const char* what,
   bytes = static_cast<std::size_t>(n) * elem;
   return {};
 }
+
+/// The byte layout of vectors of `lengths` elements of `elem` bytes, back to
+/// back: counts[r] bytes at displs[r], `total` in all.
+inline status pack_layout(const std::vector<std::uint64_t>& lengths, std::size_t elem, const char* what,
+                          std::vector<std::size_t>& counts, std::vector<std::size_t>& displs, std::size_t& total) {
+  counts.resize(lengths.size());
+  displs.resize(lengths.size());
+  total = 0;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    CCLITE_TRY(checked_bytes(lengths[r], elem, what, counts[r]));
+    if (counts[r] > SIZE_MAX / 2 - total)
+      return make_error(errc::invalid_argument, "%s: the ranks' vectors add up to more than fits here", what);
+    displs[r] = total;
+    total += counts[r];
+  }
+  return {};
+}
+
+/// The vectors laid out by pack_layout, out of `all`.
+template <class T>
+std::vector<std::vector<T>> unpack(const std::vector<unsigned char>& all, const std::vector<std::uint64_t>& lengths,
+                                   const std::vector<std::size_t>& counts, const std::vector<std::size_t>& displs) {
+  std::vector<std::vector<T>> out(lengths.size());
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    out[r].resize(static_cast<std::size_t>(lengths[r]));
+    if (counts[r] > 0) std::memcpy(static_cast<void*>(out[r].data()), all.data() + displs[r], counts[r]);
+  }
+  return out;
+}
+
+/// Vectors of char as strings (the *_strings forms).
+inline result<std::vector<std::string>> as_strings(result<std::vector<std::vector<char>>> bytes) {
+  if (!bytes.ok()) return bytes.error();
+  std::vector<std::string> out;
+  out.reserve(bytes.value().size());
+  for (const auto& b : bytes.value()) out.emplace_back(b.begin(), b.end());
+  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
+}
 }  // namespace detail
 
 namespace detail {
@@ -82,36 +120,20 @@ result<std::vector<std::vector<T>>> allgather_vectors(Comm& comm, const std::vec
   std::vector<std::uint64_t> lengths(ranks);
   const std::uint64_t my_length = mine.size();
   CCLITE_TRY(comm.allgather(&my_length, lengths.data(), 1, dtype::uint64));
-  std::vector<std::size_t> counts(ranks), displs(ranks);
+  std::vector<std::size_t> counts, displs;
   std::size_t total = 0;
-  for (std::size_t r = 0; r < ranks; ++r) {
-    CCLITE_TRY(detail::checked_bytes(lengths[r], sizeof(T), "allgather_vectors", counts[r]));
-    if (counts[r] > SIZE_MAX / 2 - total)
-      return make_error(errc::invalid_argument, "allgather_vectors: the ranks' vectors add up to more than fits here");
-    displs[r] = total;
-    total += counts[r];
-  }
+  CCLITE_TRY(detail::pack_layout(lengths, sizeof(T), "allgather_vectors", counts, displs, total));
   std::vector<unsigned char> all(total);
   if (total > 0)
     CCLITE_TRY(comm.allgatherv(static_cast<const void*>(mine.data()), counts[static_cast<std::size_t>(comm.rank())],
                                static_cast<void*>(all.data()), counts.data(), displs.data(), dtype::uint8));
-  std::vector<std::vector<T>> out(ranks);
-  for (std::size_t r = 0; r < ranks; ++r) {
-    out[r].resize(static_cast<std::size_t>(lengths[r]));
-    if (counts[r] > 0) std::memcpy(static_cast<void*>(out[r].data()), all.data() + displs[r], counts[r]);
-  }
-  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
+  return detail::unpack<T>(all, lengths, counts, displs);
 }
 
 /// Every rank's `mine`, in rank order, on every rank.
 template <class Comm>
 result<std::vector<std::string>> allgather_strings(Comm& comm, const std::string& mine) {
-  auto bytes = allgather_vectors(comm, std::vector<char>(mine.begin(), mine.end()));
-  if (!bytes.ok()) return bytes.error();
-  std::vector<std::string> out;
-  out.reserve(bytes.value().size());
-  for (const auto& b : bytes.value()) out.emplace_back(b.begin(), b.end());
-  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
+  return detail::as_strings(allgather_vectors(comm, std::vector<char>(mine.begin(), mine.end())));
 }
 
 /// Every rank's `mine`, in rank order, on `root` (torch.distributed's
@@ -126,38 +148,22 @@ result<std::vector<std::vector<T>>> gather_vectors(Comm& comm, const std::vector
   std::vector<std::uint64_t> lengths(is_root ? ranks : 0);
   const std::uint64_t my_length = mine.size();
   CCLITE_TRY(comm.gather(&my_length, lengths.data(), 1, dtype::uint64, root));
-  std::vector<std::size_t> counts(lengths.size()), displs(lengths.size());
+  // Lengths of real vectors on their ranks: too large only for a root that
+  // addresses less memory than a sender (a 32-bit board gathering from a
+  // 64-bit host), which then reports it; the senders' gatherv ends at the deadline.
+  std::vector<std::size_t> counts, displs;
   std::size_t total = 0;
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    // Lengths of real vectors on their ranks: too large only for a root that
-    // addresses less memory than a sender (a 32-bit board gathering from a
-    // 64-bit host), which then reports it; the senders' gatherv ends at the deadline.
-    CCLITE_TRY(detail::checked_bytes(lengths[r], sizeof(T), "gather_vectors", counts[r]));
-    if (counts[r] > SIZE_MAX / 2 - total)
-      return make_error(errc::invalid_argument, "gather_vectors: the ranks' vectors add up to more than fits here");
-    displs[r] = total;
-    total += counts[r];
-  }
+  CCLITE_TRY(detail::pack_layout(lengths, sizeof(T), "gather_vectors", counts, displs, total));
   std::vector<unsigned char> all(total);
   CCLITE_TRY(comm.gatherv(static_cast<const void*>(mine.data()), mine.size() * sizeof(T),
                           static_cast<void*>(all.data()), counts.data(), displs.data(), dtype::uint8, root));
-  std::vector<std::vector<T>> out(lengths.size());
-  for (std::size_t r = 0; r < out.size(); ++r) {
-    out[r].resize(static_cast<std::size_t>(lengths[r]));
-    if (counts[r] > 0) std::memcpy(static_cast<void*>(out[r].data()), all.data() + displs[r], counts[r]);
-  }
-  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
+  return detail::unpack<T>(all, lengths, counts, displs);
 }
 
 /// Every rank's `mine`, in rank order, on `root`; empty elsewhere.
 template <class Comm>
 result<std::vector<std::string>> gather_strings(Comm& comm, const std::string& mine, int root) {
-  auto bytes = gather_vectors(comm, std::vector<char>(mine.begin(), mine.end()), root);
-  if (!bytes.ok()) return bytes.error();
-  std::vector<std::string> out;
-  out.reserve(bytes.value().size());
-  for (const auto& b : bytes.value()) out.emplace_back(b.begin(), b.end());
-  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
+  return detail::as_strings(gather_vectors(comm, std::vector<char>(mine.begin(), mine.end()), root));
 }
 
 /// Rank r gets root's parts[r] (torch.distributed's scatter_object_list);
