@@ -227,17 +227,17 @@ class comm_algorithms : public comm_checks<Transports...> {
     CCLITE_TRY(ensure_links(all.data(), size_, until));
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      const std::size_t ur = static_cast<std::size_t>(r), n = count_of(ur), at = at_of(ur);
+      const std::size_t ur = static_cast<std::size_t>(r), count = count_of(ur), at = at_of(ur);
       CCLITE_TRY(with_links(r, r, elem, nullptr, until, [&](auto& pr) -> status {
         if (gather) {
           if (envelopes) {
             CCLITE_TRY(pr.recv(env, sizeof env));
-            CCLITE_TRY(check_v_count(d, env, r, n));
+            CCLITE_TRY(check_v_count(d, env, r, count));
           }
-          CCLITE_TRY(pr.recv(recv + at, n * elem));
+          CCLITE_TRY(pr.recv(recv + at, count * elem));
         } else {
-          if (envelopes) p2p_envelope::encode(env, d.type, n);
-          CCLITE_TRY(pr.send_prefixed(env, envelopes ? sizeof env : 0, send + at, n * elem));
+          if (envelopes) p2p_envelope::encode(env, d.type, count);
+          CCLITE_TRY(pr.send_prefixed(env, envelopes ? sizeof env : 0, send + at, count * elem));
         }
         return pr.finish();
       }));

@@ -4,12 +4,12 @@
 //
 // Definitions of communicator<Transports...>'s private call path and of
 // its point-to-point calls, group_end() and the v-variants (allgatherv,
-// alltoallv, gatherv, scatterv, reduce_scatterv); all the public calls are declared and documented in
-// communicator.hpp, which includes this header at its end (including this
-// one first works too). A call is checked here, then queued (work_queue.hpp);
-// the queue's thread or the caller runs it through comm_dispatch.hpp's
-// execute(). Inside a group it is recorded instead (call_group.hpp) and runs
-// at group_end().
+// alltoallv, gatherv, scatterv, reduce_scatterv); all the public calls are
+// declared and documented in communicator.hpp, which includes this header
+// at its end (including this one first works too). A call is checked here,
+// then queued (work_queue.hpp); the queue's thread or the caller runs it
+// through comm_dispatch.hpp's execute(). Inside a group it is recorded
+// instead (call_group.hpp) and runs at group_end().
 #pragma once
 
 #include <cstddef>

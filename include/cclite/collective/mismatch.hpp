@@ -174,9 +174,9 @@ static_assert(call_header::magic_value == p2p_envelope::call_header_magic,
 /// kind does not use are zero, so headers compare field by field. Only what
 /// must agree across ranks goes in: per-rank counts of the v-variants
 /// legitimately differ (the counts *array* of allgatherv and reduce_scatterv
-/// must agree, so its hash goes in; the per-rank counts of gatherv and scatterv and the per-pair
-/// counts of alltoallv are checked by an envelope ahead of each message,
-/// comm_algorithms.hpp).
+/// must agree, so its hash goes in; the per-rank counts of gatherv and
+/// scatterv and the per-pair counts of alltoallv are checked by an envelope
+/// ahead of each message, comm_algorithms.hpp).
 inline call_header make_call_header(const op_desc& d, int size, std::uint64_t seq, std::uint32_t comm = 0) {
   call_header h;
   h.kind = static_cast<std::uint8_t>(d.kind);
