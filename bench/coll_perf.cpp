@@ -1,12 +1,14 @@
 // <collective>_perf: nccl-tests' perf programs for the other collectives.
 // One binary, coll_perf, reached under each name (bench/CMakeLists.txt links them):
 //   allgather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf sendrecv_perf
+//   gather_perf scatter_perf
 //
 //   build/bin/cclite-run --nproc-per-node 4 build/bin/allgather_perf -b 8 -e 64M -f 4
 //
 // Same flags and columns as allreduce_perf, plus -a ALGO (sets CCLITE_ALGO for
 // this collective; sendrecv_perf -a group issues each ring shift as a group of
-// a send and a recv, as nccl-tests does) and -r ROOT (broadcast, reduce). Sizes,
+// a send and a recv, as nccl-tests does) and -r ROOT (broadcast, reduce, gather,
+// scatter). Sizes,
 // busbw, inputs and checks: common/coll_sweep.hpp, shared with the MPI twin
 // (allreduce_perf_mpi -C <collective>, bench/compare.sh -C).
 #include <cclite/cclite.hpp>
@@ -38,7 +40,8 @@ bool pick_collective(int& argc, char** argv) {
     if (base.size() > 5 && base.compare(base.size() - 5, 5, "_perf") == 0) name = base.substr(0, base.size() - 5);
   }
   for (collective_kind k : {collective_kind::allgather, collective_kind::reduce_scatter, collective_kind::broadcast,
-                            collective_kind::reduce, collective_kind::alltoall, collective_kind::sendrecv}) {
+                            collective_kind::reduce, collective_kind::alltoall, collective_kind::sendrecv,
+                            collective_kind::gather, collective_kind::scatter}) {
     if (name == to_string(k)) {
       kind = k;
       return true;
@@ -46,7 +49,8 @@ bool pick_collective(int& argc, char** argv) {
   }
   std::fprintf(stderr,
                "coll_perf: which collective? run it as allgather_perf, reduce_scatter_perf, broadcast_perf, "
-               "reduce_perf, alltoall_perf or sendrecv_perf, or pass -C <collective> (got '%s')\n",
+               "reduce_perf, alltoall_perf, sendrecv_perf, gather_perf or scatter_perf, or pass -C <collective> "
+               "(got '%s')\n",
                name.c_str());
   return false;
 }
@@ -97,6 +101,8 @@ int main(int argc, char** argv) {
         case collective_kind::alltoall: return comm.alltoall(sb, rb, s.count, a.type);
         case collective_kind::broadcast: return comm.broadcast(rb, s.count, a.type, root);
         case collective_kind::reduce: return comm.reduce(sb, rb, s.count, a.type, a.op, root);
+        case collective_kind::gather: return comm.gather(sb, rb, s.count, a.type, root);
+        case collective_kind::scatter: return comm.scatter(sb, rb, s.count, a.type, root);
         default:
           if (!grouped) return comm.sendrecv(sb, s.count, (me + 1) % n, rb, s.count, (me + n - 1) % n, a.type);
           comm.group_start();

@@ -12,9 +12,10 @@
 // -C sendrecv (or the name sendrecv_perf_mpi): sendrecv_perf's twin instead, the
 // ring shift as MPI_Sendrecv (to the next rank, from the previous; in place:
 // MPI_Sendrecv_replace), each rank checking that it got its predecessor's input.
-// -C allgather | reduce_scatter | alltoall | broadcast | reduce [-r ROOT]: the
-// twin of that coll_perf program (MPI_Allgather, MPI_Reduce_scatter_block,
-// MPI_Alltoall, MPI_Bcast, MPI_Reduce): the same sweep, sizes, inputs and
+// -C allgather | reduce_scatter | alltoall | broadcast | reduce | gather |
+// scatter [-r ROOT]: the twin of that coll_perf program (MPI_Allgather,
+// MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Bcast, MPI_Reduce, MPI_Gather,
+// MPI_Scatter): the same sweep, sizes, inputs and
 // checks (common/coll_sweep.hpp), out of place.
 //
 // dtypes: those MPI has (int8 uint8 int32 uint32 int64 uint64 float double);
@@ -117,6 +118,8 @@ struct mpi_coll_ops : mpi_sweep_sync {
       case collective_kind::allgather: MPI_Allgather(send, n, type, recv, n, type, MPI_COMM_WORLD); return;
       case collective_kind::alltoall: MPI_Alltoall(send, n, type, recv, n, type, MPI_COMM_WORLD); return;
       case collective_kind::broadcast: MPI_Bcast(recv, n, type, root, MPI_COMM_WORLD); return;
+      case collective_kind::gather: MPI_Gather(send, n, type, recv, n, type, root, MPI_COMM_WORLD); return;
+      case collective_kind::scatter: MPI_Scatter(send, n, type, recv, n, type, root, MPI_COMM_WORLD); return;
       case collective_kind::reduce_scatter: MPI_Reduce_scatter_block(send, recv, n, type, op, MPI_COMM_WORLD); break;
       default: MPI_Reduce(send, recv, n, type, op, root, MPI_COMM_WORLD); if (rank != root) return; break;
     }
@@ -135,6 +138,8 @@ bool pick_collective(const std::string& name, cclite::collective_kind& out) {
   else if (name == "alltoall") out = collective_kind::alltoall;
   else if (name == "broadcast") out = collective_kind::broadcast;
   else if (name == "reduce") out = collective_kind::reduce;
+  else if (name == "gather") out = collective_kind::gather;
+  else if (name == "scatter") out = collective_kind::scatter;
   else return false;
   return true;
 }
@@ -153,7 +158,7 @@ int main(int argc, char** argv) {
   if (!pick_collective(coll, kind)) {
     if (rank == 0)
       std::fprintf(stderr, "allreduce_perf_mpi: -C %s: one of sendrecv allgather reduce_scatter alltoall "
-                   "broadcast reduce (or none: allreduce)\n", coll.c_str());
+                   "broadcast reduce gather scatter (or none: allreduce)\n", coll.c_str());
     MPI_Finalize();
     return 2;
   }

@@ -3,10 +3,10 @@
 // (compare_mpi -C <collective>) run the same loop on the same buffer shapes and
 // inputs, and check the results against the same expected values.
 //
-// nccl-tests' sizes: allgather size = the gathered output, reduce_scatter size
-// = the input, alltoall size = one rank's send buffer ("spread" collectives,
-// busbw = algbw (n-1)/n); broadcast, reduce and sendrecv: size = the buffer,
-// busbw = algbw.
+// nccl-tests' sizes: allgather and gather size = the gathered output,
+// reduce_scatter and scatter size = the input, alltoall size = one rank's send
+// buffer ("spread" collectives, busbw = algbw (n-1)/n); broadcast, reduce and
+// sendrecv: size = the buffer, busbw = algbw.
 #pragma once
 
 #include <cstddef>
@@ -35,14 +35,15 @@ struct coll_case {
 
 /// Whether `k`'s size counts every rank's block (busbw factor (n-1)/n).
 inline bool spread(collective_kind k) {
-  return k == collective_kind::allgather || k == collective_kind::reduce_scatter || k == collective_kind::alltoall;
+  return k == collective_kind::allgather || k == collective_kind::reduce_scatter || k == collective_kind::alltoall ||
+         k == collective_kind::gather || k == collective_kind::scatter;
 }
 
 inline coll_shape shape_for(collective_kind k, std::size_t bytes, std::size_t esz, std::size_t n) {
   const std::size_t per_rank = bytes / esz / n;
   switch (k) {
-    case collective_kind::allgather: return {per_rank, per_rank, per_rank * n};
-    case collective_kind::reduce_scatter: return {per_rank, per_rank * n, per_rank};
+    case collective_kind::allgather: case collective_kind::gather: return {per_rank, per_rank, per_rank * n};
+    case collective_kind::reduce_scatter: case collective_kind::scatter: return {per_rank, per_rank * n, per_rank};
     case collective_kind::alltoall: return {per_rank, per_rank * n, per_rank * n};
     default: return {bytes / esz, bytes / esz, bytes / esz};
   }
@@ -51,7 +52,8 @@ inline coll_shape shape_for(collective_kind k, std::size_t bytes, std::size_t es
 /// Expected recv element i on rank c.me (inputs: input(rank, i), perf_check.hpp).
 inline double coll_want(const coll_case& c, std::size_t i, std::size_t count, reduce_op op) {
   switch (c.kind) {
-    case collective_kind::allgather: return input(static_cast<int>(i / count), i % count);
+    case collective_kind::allgather: case collective_kind::gather: return input(static_cast<int>(i / count), i % count);
+    case collective_kind::scatter: return input(c.root, c.me * count + i);
     case collective_kind::reduce_scatter: return expected(op, c.n, c.me * count + i);
     case collective_kind::alltoall: return input(static_cast<int>(i / count), c.me * count + i % count);
     case collective_kind::broadcast: return input(c.root, i);
@@ -74,7 +76,7 @@ void coll_fill(const coll_case& c, const coll_shape& s, void* send, void* recv) 
 
 template <class T>
 std::size_t coll_wrong(const coll_case& c, const coll_shape& s, const void* recv, reduce_op op) {
-  if (c.kind == collective_kind::reduce && c.me != c.root) return 0;
+  if ((c.kind == collective_kind::reduce || c.kind == collective_kind::gather) && c.me != c.root) return 0;
   const T* t = static_cast<const T*>(recv);
   std::size_t bad = 0;
   for (std::size_t i = 0; i < s.recv_elems; ++i)
