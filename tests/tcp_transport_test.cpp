@@ -300,7 +300,7 @@ TEST_CASE("tcp: listener probes: refused twice is a lost process, silent for 25 
   }
   {
     // Silent probes on the schedule (1, 3, 7, 15, 31 s): lost once 3 or more
-    // span silent_limit (25 s), not before; an answer in between starts over.
+    // span the silent limit (25 s), not before; an answer in between starts over.
     listener_probe p(t0);
     for (int ms : {1000, 3000, 7000, 15000}) CHECK(p.record(probe_answer::silent, at(ms)) == verdict::waiting);
     CHECK(p.record(probe_answer::silent, at(31000)) == verdict::silent);
@@ -312,6 +312,10 @@ TEST_CASE("tcp: listener probes: refused twice is a lost process, silent for 25 
     CHECK(q.record(probe_answer::silent, at(75000)) == verdict::waiting);  // 2 silences only
     CHECK(q.record(probe_answer::unknown, at(105000)) == verdict::waiting);  // no probe made: starts over
     CHECK(q.record(probe_answer::silent, at(135000)) == verdict::waiting);
+    // CCLITE_TCP_KEEPALIVE=5: three silent probes spanning 5 s are enough.
+    listener_probe r(t0, milliseconds(5000));
+    for (int ms : {1000, 3000}) CHECK(r.record(probe_answer::silent, at(ms)) == verdict::waiting);
+    CHECK(r.record(probe_answer::silent, at(7000)) == verdict::silent);
   }
   // Real answers on loopback: a listener, and its port once closed.
   auto l = tcp::detail::make_socket(AF_INET);
@@ -336,6 +340,7 @@ TEST_CASE("tcp: settings from the environment") {
   CHECK(c->nsocks == 2);
   CHECK(c->buffsize == (4u << 20));
   CHECK(c->block == (128u << 10));
+  CHECK(c->keepalive_s == 25);
   auto expect_bad = [](const char* k, const char* v, const char* needle) {
     ::setenv(k, v, 1);
     auto r = tcp::transport_config::from_env();
@@ -350,6 +355,8 @@ TEST_CASE("tcp: settings from the environment") {
   expect_bad("CCLITE_TCP_BUFFSIZE", "5000", "multiple of 4096");
   expect_bad("CCLITE_TCP_BLOCK", "1000", "CCLITE_TCP_BLOCK");
   expect_bad("CCLITE_BUFFSIZE", "5000", "CCLITE_BUFFSIZE=5000");  // the generic size, named
+  expect_bad("CCLITE_TCP_KEEPALIVE", "2", "CCLITE_TCP_KEEPALIVE=2 must be between 3 and 86400");
+  expect_bad("CCLITE_TCP_KEEPALIVE", "soon", "not an integer");
   ::setenv("NCCL_BUFFSIZE", "2M", 1);  // NCCL's per-peer buffer size applies when ours are unset
   c = tcp::transport_config::from_env();
   ::unsetenv("NCCL_BUFFSIZE");
@@ -383,6 +390,47 @@ TEST_CASE("tcp: settings from the environment") {
   auto l = t.connect(1, deadline::after(milliseconds(10)));
   REQUIRE_FALSE(l.ok());
   CHECK(l.error().code() == errc::invalid_argument);  // publish() first
+}
+
+TEST_CASE("tcp: CCLITE_TCP_KEEPALIVE reaches every data socket, both ends") {
+  // The default splits as documented (socket.hpp): 10 s idle + 3 probes 5 s apart.
+  constexpr auto d = tcp::detail::keepalive_for(25);
+  static_assert(d.idle_s == 10 && d.interval_s == 5 && d.count == 3);
+  constexpr auto m = tcp::detail::keepalive_for(3);
+  static_assert(m.idle_s == 1 && m.interval_s == 1 && m.count == 3);
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      2,
+      [&](int rank, int size) {
+        node n;
+        init(n, dir.path, rank, size, "keepalive");
+        MP_CHECK(n.tp->config().keepalive_s == 8);
+        connect_all(n, deadline::after(seconds(30)));
+        const tcp::link& l = *n.links[static_cast<std::size_t>(1 - rank)];
+        MP_CHECK(l.nsocks() == 3);
+        for (int j = 0; j < l.nsocks(); ++j) {
+          const int fd = l.native_handle(j);
+          auto opt = [fd](int level, int name) {
+            int v = -1;
+            socklen_t len = sizeof v;
+            return ::getsockopt(fd, level, name, &v, &len) == 0 ? v : -1;
+          };
+          MP_CHECK(opt(SOL_SOCKET, SO_KEEPALIVE) == 1);
+          MP_CHECK(opt(IPPROTO_TCP, TCP_NODELAY) == 1);
+          MP_CHECK(opt(IPPROTO_TCP, TCP_KEEPIDLE) == 5);  // 8 s: 5 idle + 3 probes 1 s apart
+          MP_CHECK(opt(IPPROTO_TCP, TCP_KEEPINTVL) == 1);
+          MP_CHECK(opt(IPPROTO_TCP, TCP_KEEPCNT) == 3);
+          MP_CHECK(opt(IPPROTO_TCP, TCP_USER_TIMEOUT) == 8000);
+        }
+        return 0;
+      },
+      seconds(60),
+      [&](int) {
+        setenv_child("CCLITE_TCP_KEEPALIVE", "8");
+        setenv_child("CCLITE_NSOCKS", "3");
+        setenv_child("CCLITE_SOCKET_IFNAME", "=lo");
+      });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
 }
 
 static void stream_two_ranks(int nsocks, std::uint64_t bytes, const char* buffsize = nullptr,

@@ -247,14 +247,16 @@ host_lost | host_lost_connect)
   #
   # start_job FIRST NAME STORE ARGS...: the job NAME on nodes FIRST, FIRST+1;
   # STORE "tcp": rank 0 (node FIRST) hosts the store; "file": a directory
-  # every node sees (CCLITE_RDZV_DIR), which outlives any node.
+  # every node sees (CCLITE_RDZV_DIR), which outlives any node. JOB_ENV: more
+  # VAR=VALUE words for the ranks.
+  JOB_ENV=
   start_job() {
     first=$1; name=$2; kind=$3; shift 3
     if [ "$kind" = tcp ]; then store="MASTER_ADDR=$(node_addr "$first") MASTER_PORT=29500"
     else store="CCLITE_RDZV_DIR=$LOGS/$name.rdzv"; fi
     for i in 0 1; do
       # shellcheck disable=SC2086
-      node_run $((first + i)) "$LOGS/$name-node$((first + i)).log" env CCLITE_TIMEOUT=300 WORLD_SIZE=4 $store \
+      node_run $((first + i)) "$LOGS/$name-node$((first + i)).log" env CCLITE_TIMEOUT=300 WORLD_SIZE=4 $store $JOB_ENV \
         sh -c 'n=$1; shift; RANK=$((n * 2)) LOCAL_RANK=0 "$0" "$@" & a=$!
           RANK=$((n * 2 + 1)) LOCAL_RANK=1 "$0" "$@" & b=$!
           wait $a; x=$?; wait $b; y=$?; echo "ranks exited $x $y"' "$BIN/collectives_check" "$i" "$@"
@@ -297,8 +299,11 @@ host_lost | host_lost_connect)
   }
   if [ "$CASE" = host_lost ]; then
     nodes_up 10
-    # Mid-job: every collective, then allreduces until stopped.
+    # Mid-job: every collective, then allreduces until stopped. The first job
+    # has a silent host lost after 8 s instead of 25 (CCLITE_TCP_KEEPALIVE).
+    JOB_ENV=CCLITE_TCP_KEEPALIVE=8
     start_job 0 mid tcp --count 262144 --repeat 100000000
+    JOB_ENV=
     start_job 2 mid_store tcp --count 262144 --repeat 100000000
     # Under cclite-run on nodes 6 and 7; node 6 hosts the agents' store and
     # goes silent: node 7's agent finds the store silent (its heartbeat's
@@ -322,7 +327,7 @@ host_lost | host_lost_connect)
     sleep 1
     t0=$(date +%s)
     silence 1 2 6 8
-    keepalive=" lost: no answer to keepalive probes or retransmissions (host down or network cut)"
+    keepalive=" lost: no answer to keepalive probes or retransmissions for 25 s (host down or network cut; "
     node_wait 7 90  # first: it ends first (~11 s)
     echo "agents: node 6 lost, node 7's cclite-run ended $(($(date +%s) - t0)) s later"
     [ "$NODE_RC_7" = 1 ] || fail "agents: node 7's cclite-run exited $NODE_RC_7, wanted 1 (the store lost) within 90 s"
@@ -331,7 +336,7 @@ host_lost | host_lost_connect)
       "agents: node 7's cclite-run names the store's host and stops its workers"
     left=$(ip netns pids "$(node_ns 7)" | wc -l)
     [ "$left" = 0 ] || fail "agents: $left processes left on node 7 after its cclite-run exited"
-    survivors mid 0 1 "allreduce (repeat)" "$keepalive" each
+    survivors mid 0 1 "allreduce (repeat)" "$(echo "$keepalive" | sed 's/for 25 s/for 8 s/')" each
     # The store's host: 3 s for the record, then the rank that found the loss
     # tells its node's other rank through their shm link as it closes it.
     survivors mid_store 3 2 "allreduce (repeat)" "$keepalive" each

@@ -46,15 +46,17 @@ class acceptor {
   static constexpr auto hello_timeout = std::chrono::seconds(30);
   static constexpr std::size_t max_handshaking = 256;
 
-  /// Starts listening on `at` (port 0 = ephemeral). Errors: system_error.
-  status listen(const endpoint& at, int sockbuf) {
-    auto l = listen_on(at, sockbuf);
+  /// Starts listening on `at` (port 0 = ephemeral); accepted sockets get
+  /// set_socket_options(sockbuf, silent_s). Errors: system_error.
+  status listen(const endpoint& at, int sockbuf, int silent_s = default_silent_s) {
+    auto l = listen_on(at, sockbuf, silent_s);
     if (!l) return l.error();
     auto local = local_endpoint(l->get());
     if (!local) return local.error();
     listener_ = std::move(l.value());
     address_ = local->to_string();
     sockbuf_ = sockbuf;
+    silent_s_ = silent_s;
     return {};
   }
 
@@ -164,7 +166,7 @@ class acceptor {
         ::close(fd);
         continue;
       }
-      (void)set_socket_options(fd, sockbuf_);
+      (void)set_socket_options(fd, sockbuf_, silent_s_);
       if (handshaking_.size() >= max_handshaking) {
         CCLITE_WARN(log, "tcp: more than %zu connections to %s without a hello; closing the one "
                     "from %s", max_handshaking, address_.c_str(), handshaking_.front().from.c_str());
@@ -229,6 +231,7 @@ class acceptor {
   socket_fd listener_;
   std::string address_;
   int sockbuf_ = 0;
+  int silent_s_ = default_silent_s;
   std::vector<handshaking> handshaking_;
   std::vector<arrived> arrived_;  // valid hellos whose pair is not connected yet
 };

@@ -58,13 +58,14 @@ class link {
   /// 2 x `capacity` bytes of rings. `capacity` and `block` are multiples of
   /// 4096 (checked by the transport). `peer_desc` names the peer in errors.
   /// `spin`: how long wait() polls without sleeping; `eager`: pending bytes
-  /// at which send_commit() pushes (0: only poll()/wait() push).
+  /// at which send_commit() pushes (0: only poll()/wait() push); `silent_s`:
+  /// the sockets' silent limit (socket.hpp), named when it is reached.
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   static result<link> create(int peer, std::string peer_desc, socket_fd* socks, int nsocks,
                              std::size_t block, std::size_t capacity,
                              const std::atomic<bool>* aborted,
                              std::chrono::microseconds spin = std::chrono::microseconds(200),
-                             std::size_t eager = 0) {
+                             std::size_t eager = 0, int silent_s = detail::default_silent_s) {
     auto mem = detail::mapped_memory::map(2 * capacity);
     if (!mem) {
       return make_error(errc::resource_exhausted, "%s (link to %s; lower CCLITE_TCP_BUFFSIZE=%zu)",
@@ -80,6 +81,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     l.aborted_ = aborted;
     l.spin_ = spin;
     l.eager_ = eager;
+    l.silent_s_ = silent_s;
     for (int j = 0; j < nsocks; ++j) {
       l.fds_[j] = std::move(socks[j]);
       l.spos_[j] = l.rpos_[j] = static_cast<std::uint64_t>(j) * block;
@@ -191,6 +193,9 @@ CCLITE_SETUP_CODE_END
   const char* kind() const noexcept { return "tcp"; }
 
   int nsocks() const noexcept { return n_; }
+  /// Socket j's descriptor (0 <= j < nsocks()), to read or add socket options
+  /// (SO_PRIORITY, IP_TOS, ...); the link owns it: never close, read or write it.
+  int native_handle(int j) const noexcept { return fds_[j].get(); }
   std::size_t block() const noexcept { return static_cast<std::size_t>(block_); }
   std::size_t capacity() const noexcept { return static_cast<std::size_t>(cap_); }
   /// Total bytes committed / received so far (stream positions; tests, logs).
@@ -238,6 +243,7 @@ CCLITE_SETUP_CODE_END
   unsigned closed_mask_ = 0;  // sockets that saw end of stream
   std::chrono::microseconds spin_{200};
   std::uint64_t eager_ = 0;
+  int silent_s_ = detail::default_silent_s;
   const std::atomic<bool>* aborted_ = nullptr;
   std::string desc_;  // "rank 3 (node1, pid 4242)"
   status error_;

@@ -9,15 +9,16 @@
 // exited or destroyed its transport. A host that is down or cut off does not
 // refuse: it does not answer at all, where a live host answers a connection in
 // well under a second even when the process is busy (its kernel does); probes
-// unanswered for silent_limit (25 s, the data sockets' keepalive limit) mean
+// unanswered for the silent limit (the data sockets' keepalive limit: 25 s, or
+// CCLITE_TCP_KEEPALIVE) mean
 // the host is lost. A firewall that rejects or drops connections to the lower
 // rank's port reads as "gone" too, although the job's links only ever connect
 // the other way: the message names the address, whose port must then be opened.
 //
 // Probes are few: the first after 1 s of waiting, then every 2, 4, 8 ... up to
 // 30 s, and 1 s after a refusal to confirm it (two refusals in a row: lost;
-// silent probes from the first to one at least silent_limit later, 3 or more:
-// lost, at ~31 s). A live but busy peer holds them in its accept queue until
+// silent probes from the first to one at least the silent limit later, 3 or
+// more: lost, at ~31 s for 25 s). A live but busy peer holds them in its accept queue until
 // its next wait_for(), which closes them without a word: a probe sends the
 // magic "CCTP" and hangs up.
 #pragma once
@@ -62,10 +63,6 @@ inline probe_answer probe_listener(const endpoint& ep, milliseconds wait) {
   return probe_answer::listening;  // the socket closes here
 }
 
-/// How long a host may leave connections unanswered before it counts as lost
-/// (as socket.hpp's keepalive: idle 10 s + 3 probes 5 s apart).
-inline constexpr milliseconds silent_limit{25000};
-
 /// The schedule of probes for one wait, and its verdict.
 class listener_probe {
  public:
@@ -81,7 +78,7 @@ class listener_probe {
   bool due(clock::time_point now) const noexcept { return now >= next_; }
 
   /// Records a probe's answer: refused twice in a row, or silent 3 times or
-  /// more over silent_limit, and the peer is lost.
+  /// more over the silent limit, and the peer is lost.
   verdict record(probe_answer a, clock::time_point now) noexcept {
     if (a == probe_answer::refused) {
       silences_ = 0;
@@ -94,18 +91,22 @@ class listener_probe {
       silences_ = 0;
     } else {
       if (silences_++ == 0) silent_since_ = now;
-      if (silences_ >= 3 && now - silent_since_ >= silent_limit) return verdict::silent;
+      if (silences_ >= 3 && now - silent_since_ >= silent_limit_) return verdict::silent;
     }
     next_ = now + interval_;
     interval_ = interval_ * 2 < longest ? interval_ * 2 : longest;
     return verdict::waiting;
   }
 
-  /// Starts the schedule of a wait that begins at `start`.
-  explicit listener_probe(clock::time_point start) noexcept : next_(start + first) {}
+  /// Starts the schedule of a wait that begins at `start`. `silent_limit`:
+  /// how long a host may leave connections unanswered before it counts as
+  /// lost, the data sockets' (socket.hpp: CCLITE_TCP_KEEPALIVE, 25 s).
+  explicit listener_probe(clock::time_point start, milliseconds silent_limit = milliseconds(default_silent_s * 1000)) noexcept
+      : next_(start + first), silent_limit_(silent_limit) {}
 
  private:
   clock::time_point next_;
+  milliseconds silent_limit_;
   milliseconds interval_{2000};
   int refusals_ = 0;
   int silences_ = 0;

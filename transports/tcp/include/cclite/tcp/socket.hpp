@@ -151,15 +151,30 @@ inline std::string errno_text(int e) {
 /// late or busy: a sender here never has more in flight than the receiver
 /// granted (a rank 45 s late over tcp: no error). A dead *process* is seen at
 /// once (its kernel closes the sockets).
+/// The 25 s ("silent limit") is CCLITE_TCP_KEEPALIVE (transport_config::
+/// keepalive_s): shorter finds a lost host sooner, longer rides out a network
+/// that stalls for longer (a switch reboot, a congested uplink).
 /// Test: tests/netns host_lost.
-inline constexpr int keepalive_idle_s = 10;
-inline constexpr int keepalive_interval_s = 5;
-inline constexpr int keepalive_count = 3;
+inline constexpr int default_silent_s = 25;
+inline constexpr int min_silent_s = 3, max_silent_s = 86400;
+
+/// How a silent limit of `silent_s` seconds splits into keepalive's idle time,
+/// probe interval and probe count: 3 probes a fifth of it apart at the end,
+/// the rest idle (25 s: 10 + 3 x 5; 8 s: 5 + 3 x 1).
+struct keepalive_plan {
+  int idle_s, interval_s, count;
+};
+inline constexpr keepalive_plan keepalive_for(int silent_s) noexcept {
+  const int interval = silent_s / 5 > 1 ? silent_s / 5 : 1;
+  const int idle = silent_s - 3 * interval > 1 ? silent_s - 3 * interval : 1;
+  return {idle, interval, 3};
+}
 
 /// Options of every data socket. `sockbuf` > 0 sets SO_SNDBUF/SO_RCVBUF (which
 /// turns off Linux's buffer autotuning); 0 keeps the kernel's autotuning.
 /// Buffer sizes must be set before connect()/listen() to affect window scaling.
-inline status set_socket_options(int fd, int sockbuf) {
+/// `silent_s`: the silent limit above.
+inline status set_socket_options(int fd, int sockbuf, int silent_s = default_silent_s) {
   int one = 1;
   if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0 ||
       ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0) {
@@ -167,13 +182,13 @@ inline status set_socket_options(int fd, int sockbuf) {
                       errno_text(errno).c_str());
   }
 #if defined(TCP_KEEPIDLE) && defined(TCP_KEEPINTVL) && defined(TCP_KEEPCNT)
-  int idle = keepalive_idle_s, intvl = keepalive_interval_s, cnt = keepalive_count;
-  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  const keepalive_plan k = keepalive_for(silent_s);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &k.idle_s, sizeof k.idle_s);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &k.interval_s, sizeof k.interval_s);
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &k.count, sizeof k.count);
 #endif
 #if defined(TCP_USER_TIMEOUT)
-  const unsigned user_ms = unsigned(keepalive_idle_s + keepalive_interval_s * keepalive_count) * 1000u;
+  const unsigned user_ms = unsigned(silent_s) * 1000u;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 #endif
   if (sockbuf > 0) {
@@ -195,12 +210,12 @@ inline result<socket_fd> make_socket(int family) {
 }
 
 /// A non-blocking listening socket on `at` (port 0 = ephemeral).
-inline result<socket_fd> listen_on(const endpoint& at, int sockbuf) {
+inline result<socket_fd> listen_on(const endpoint& at, int sockbuf, int silent_s = default_silent_s) {
   auto s = make_socket(at.family());
   if (!s) return s.error();
   int one = 1;
   (void)::setsockopt(s->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  CCLITE_TRY(set_socket_options(s->get(), sockbuf));  // inherited by accepted sockets
+  CCLITE_TRY(set_socket_options(s->get(), sockbuf, silent_s));  // inherited by accepted sockets
   if (::bind(s->get(), at.sa(), at.size()) != 0) {
     return make_error(errc::system_error, "bind(%s) failed: %s", at.to_string().c_str(),
                       errno_text(errno).c_str());

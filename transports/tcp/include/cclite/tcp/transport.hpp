@@ -31,6 +31,9 @@
 //                        0..100000 (default 200; see link.hpp)
 //   CCLITE_TCP_EAGER     pending bytes at which a commit pushes to the
 //                        sockets; 0 = only when waiting (default 0)
+//   CCLITE_TCP_KEEPALIVE seconds a peer's host may leave every connection
+//                        unanswered before it is lost, 3..86400 (default 25;
+//                        socket.hpp)
 //   CCLITE_TCP_DISABLE=1 turns the transport off (enabled() is false)
 // For a pair, the connecting (lower) rank's NSOCKS and BLOCK win.
 //
@@ -77,9 +80,12 @@ struct transport_config {
   int sockbuf = 0;
   int spin_us = 200;
   std::size_t eager = 0;
+  /// Seconds a peer's host may leave the connections unanswered before it
+  /// counts as lost (socket.hpp: keepalive, TCP_USER_TIMEOUT, listener probes).
+  int keepalive_s = detail::default_silent_s;
 
   /// Reads CCLITE_NSOCKS, CCLITE_TCP_BUFFSIZE, CCLITE_TCP_BLOCK, CCLITE_TCP_SOCKBUF,
-  /// CCLITE_TCP_SPIN_US, CCLITE_TCP_EAGER.
+  /// CCLITE_TCP_SPIN_US, CCLITE_TCP_EAGER, CCLITE_TCP_KEEPALIVE.
   /// Errors: invalid_argument naming the variable and its accepted range.
   static result<transport_config> from_env() {
     transport_config c;
@@ -127,6 +133,14 @@ struct transport_config {
                         (long long)eg.value());
     }
     c.eager = static_cast<std::size_t>(eg.value());
+    auto ka = env::get_int("TCP_KEEPALIVE", detail::default_silent_s, false);
+    if (!ka) return ka.error();
+    if (ka.value() < detail::min_silent_s || ka.value() > detail::max_silent_s) {
+      return make_error(errc::invalid_argument,
+                        "CCLITE_TCP_KEEPALIVE=%lld must be between %d and %d (seconds a silent host has before "
+                        "it counts as lost)", (long long)ka.value(), detail::min_silent_s, detail::max_silent_s);
+    }
+    c.keepalive_s = static_cast<int>(ka.value());
     return c;
   }
 };
@@ -160,10 +174,11 @@ class transport {
     cfg_ = cfg.value();
     auto iface = choose_interface();
     if (!iface) return iface.error();
-    CCLITE_TRY(acceptor_.listen(endpoint::from(iface->iface.addr), cfg_.sockbuf));
+    CCLITE_TRY(acceptor_.listen(endpoint::from(iface->iface.addr), cfg_.sockbuf, cfg_.keepalive_s));
     CCLITE_INFO(log(), "tcp: listening on %s, interface %s; nsocks %d, block %zu, buffers 2 x %zu per peer, "
-                "spin %d us, eager push at %zu bytes", acceptor_.address().c_str(), iface->reason.c_str(),
-                cfg_.nsocks, cfg_.block, cfg_.buffsize, cfg_.spin_us, cfg_.eager);
+                "spin %d us, eager push at %zu bytes, a silent host lost after %d s", acceptor_.address().c_str(),
+                iface->reason.c_str(), cfg_.nsocks, cfg_.block, cfg_.buffsize, cfg_.spin_us, cfg_.eager,
+                cfg_.keepalive_s);
     return ctx_.kv->set(key(ctx_.rank), acceptor_.address());
   }
 
@@ -266,7 +281,7 @@ class transport {
     CCLITE_TRACE(log(), "tcp: connected to %s at %s with %d sockets", describe(peer).c_str(),
                  ep->to_string().c_str(), n);
     return link::create(peer, describe(peer), socks, n, cfg_.block, cfg_.buffsize, ctx_.aborted,
-                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager);
+                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager, cfg_.keepalive_s);
   }
 
   // Timeouts from the setup helpers ("timed out <what>") get the elapsed time.
@@ -289,7 +304,7 @@ class transport {
   // backoff (5 ms doubling to 500 ms) until `until`. The address is published
   // only after listen(), so refusals that go on for refused_limit mean the peer's
   // listener is gone (process dead, transport destroyed), and attempts that get
-  // no answer for detail::silent_limit mean its host is (listener_probe.hpp):
+  // no answer for cfg_.keepalive_s mean its host is (listener_probe.hpp):
   // peer_lost rather than waiting out a 30-minute CCLITE_TIMEOUT.
   result<socket_fd> dial(const endpoint& ep, deadline until, const std::string& what,
                          clock::time_point start) {
@@ -310,7 +325,7 @@ class transport {
       }
       auto s = detail::make_socket(ep.family());
       if (!s) return s.error();
-      CCLITE_TRY(detail::set_socket_options(s->get(), cfg_.sockbuf));
+      CCLITE_TRY(detail::set_socket_options(s->get(), cfg_.sockbuf, cfg_.keepalive_s));
       int e = 0;
       if (::connect(s->get(), ep.sa(), ep.size()) != 0) {
         e = errno;
@@ -328,7 +343,7 @@ class transport {
       }
       if (e == 0) return std::move(s.value());
       last = e;
-      // No answer at all (TCP_USER_TIMEOUT ends a connect after silent_limit)
+      // No answer at all (TCP_USER_TIMEOUT ends a connect after keepalive_s)
       // or no route / ARP reply: the host is down or cut off, not just slow.
       const bool silent = e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH;
       if (!silent) {
@@ -336,7 +351,7 @@ class transport {
       } else if (silent_since == clock::time_point{}) {
         silent_since = attempt;
       }
-      if (silent && clock::now() - silent_since >= detail::silent_limit) {
+      if (silent && clock::now() - silent_since >= std::chrono::seconds(cfg_.keepalive_s)) {
         return make_error(errc::peer_lost,
                           "%s: no answer for %.0f s (last error: %s): the peer's host is down or the network "
                           "is cut",
@@ -366,7 +381,7 @@ class transport {
   // A lower rank that is gone never connects: rather than wait out the
   // deadline, probe its listener now and then while waiting (listener_probe.hpp).
   auto peer_still_there(int peer, clock::time_point start) {
-    return [this, peer, start, probe = detail::listener_probe(start), ep = endpoint(),
+    return [this, peer, start, probe = detail::listener_probe(start, std::chrono::seconds(cfg_.keepalive_s)), ep = endpoint(),
             address = std::string(), record_due = start + record_every]() mutable {
       const auto now = clock::now();
       if (now >= record_due) {  // alive but failed, or the job failed elsewhere
@@ -438,7 +453,7 @@ class transport {
     }
     CCLITE_TRACE(log(), "tcp: accepted %s with %d sockets", describe(peer).c_str(), p.nsocks);
     return link::create(peer, describe(peer), p.socks, p.nsocks, p.block, cfg_.buffsize, ctx_.aborted,
-                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager);
+                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager, cfg_.keepalive_s);
   }
 
   transport_context ctx_;
