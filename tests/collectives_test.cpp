@@ -75,6 +75,8 @@ int check_reductions(default_communicator& c) {
         bad += c.reduce_scatter(x.data(), x.data(), count, t, op).code() != errc::invalid_argument;
         const std::vector<std::size_t> rc(static_cast<std::size_t>(n), count);
         bad += c.reduce_scatterv(x.data(), x.data(), rc.data(), t, op).code() != errc::invalid_argument;
+        bad += c.scan(x.data(), x.data(), count, t, op).code() != errc::invalid_argument;
+        bad += c.exscan_async(x.data(), x.data(), count, t, op).wait().code() != errc::invalid_argument;
         continue;
       }
       // reduce to every root; non-roots' recv must stay untouched
@@ -130,6 +132,23 @@ int check_reductions(default_communicator& c) {
             !same(vrecv.data() + rc[um], std::vector<T>(1, as<T>(1)).data(), 1)) {
           std::fprintf(stderr, "rank %d: reduce_scatterv %s %s count %zu wrong\n", me, to_string(t), to_string(op),
                        count);
+          ++bad;
+        }
+      }
+      // scan and exscan: the reduction over ranks 0..me (exscan: 0..me-1; rank
+      // 0's recv is not written), out of place (dtype form), in place (typed).
+      {
+        const std::vector<T> x = contribution<T>(me, count), untouched(count, as<T>(1));
+        const std::vector<T> inc = reduced<T>(me + 1, count, op);
+        const std::vector<T> exc = me ? reduced<T>(me, count, op) : untouched;
+        std::vector<T> s = untouched, e = untouched, si = x, ei = x;
+        MP_REQUIRE_OK(c.scan(x.data(), s.data(), count, t, op));
+        MP_REQUIRE_OK(c.exscan(x.data(), e.data(), count, t, op));
+        MP_REQUIRE_OK(c.scan(static_cast<const T*>(si.data()), si.data(), count, op));
+        MP_REQUIRE_OK(c.exscan(static_cast<const T*>(ei.data()), ei.data(), count, op));
+        if (!same(s.data(), inc.data(), count) || !same(e.data(), exc.data(), count) ||
+            !same(si.data(), inc.data(), count) || !same(ei.data(), (me ? exc : x).data(), count)) {
+          std::fprintf(stderr, "rank %d: scan / exscan %s %s count %zu wrong\n", me, to_string(t), to_string(op), count);
           ++bad;
         }
       }
@@ -475,8 +494,8 @@ TEST_CASE("collectives: shm-direct's small path for every collective, at its lim
   }
 }
 
-// The root of a small broadcast or scatter, and the other ranks of a small
-// reduce or gather, leave without waiting (shm/detail/direct_small.hpp, "Eager
+// The root of a small broadcast or scatter, the other ranks of a small
+// reduce or gather, and rank 0 of a scan leave without waiting (shm/detail/direct_small.hpp, "Eager
 // calls"), at most one call ahead: their next call waits until everyone has
 // made this one, so that nobody rewrites a slot another rank has still to
 // read. Runs of calls by the same early leaver, ranks that fall behind now
@@ -500,7 +519,7 @@ TEST_CASE("collectives: small rooted calls whose root leaves early, in runs, eve
             if (iter % 61 == rank) std::this_thread::sleep_for(std::chrono::microseconds(300));  // fall behind
             std::vector<float> mine(count), buf(count * N, -1.0f);
             for (std::size_t i = 0; i < count; ++i) mine[i] = value(iter, rank, i);
-            switch ((iter / 4) % 4) {  // runs of 4 calls of one kind
+            switch ((iter / 4) % 5) {  // runs of 4 calls of one kind
               case 0: {  // broadcast: the root leaves early
                 std::vector<float> b(count);
                 for (std::size_t i = 0; i < count; ++i) b[i] = rank == root ? value(iter, root, i) : -1.0f;
@@ -526,10 +545,21 @@ TEST_CASE("collectives: small rooted calls whose root leaves early, in runs, eve
                   bad += part[i] != value(iter, root, rank * count + i) + 1000.0f * static_cast<float>(rank);
                 break;
               }
-              default: {  // gather: the others leave early
+              case 3: {  // gather: the others leave early
                 MP_REQUIRE_OK(c->gather(mine.data(), buf.data(), count, dtype::float32, root));
                 for (std::size_t i = 0; rank == root && i < count * N; ++i)
                   bad += buf[i] != value(iter, static_cast<int>(i / count), i % count);
+                break;
+              }
+              default: {  // scan, exscan: rank 0 leaves early
+                const bool ex = iter % 2;
+                MP_REQUIRE_OK(ex ? c->exscan(mine.data(), buf.data(), count, dtype::float32, reduce_op::sum)
+                                 : c->scan(mine.data(), buf.data(), count, dtype::float32, reduce_op::sum));
+                for (std::size_t i = 0; i < count; ++i) {
+                  float want = 0;
+                  for (int q = 0; q < rank + !ex; ++q) want += value(iter, q, i);
+                  bad += buf[i] != (ex && rank == 0 ? -1.0f : want);
+                }
                 break;
               }
             }
@@ -605,6 +635,54 @@ TEST_CASE("collectives: binary tree forced for broadcast and reduce, 2..7 ranks"
   run(7, net::shm_only, false, "tree");
 }
 
+// scan and exscan of 12 MiB per rank, past the links' 4 MiB buffers, so the
+// chain pipelines; over shm, tcp, and two fake nodes holding the ranks
+// alternately (the ring goes 0, 2, 1, 3: the chain connects links of its own).
+// Values are small integers in float: every prefix is exact, and avg's
+// quotient is the one the test computes.
+TEST_CASE("collectives: scan and exscan past the link buffers, ranks interleaved across nodes") {
+  const std::size_t count = 3u << 20;
+  for (net how : {net::shm_only, net::tcp_only, net::mixed}) {
+    const int size = how == net::tcp_only ? 3 : 4;
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        size,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          auto x_of = [](int q, std::size_t i) { return static_cast<float>((i * 13 + static_cast<std::size_t>(q) * 7) % 64); };
+          std::vector<float> x(count), inc(count), exc(count), avg(count);
+          for (std::size_t i = 0; i < count; ++i) {
+            x[i] = x_of(rank, i);
+            float s = 0;
+            for (int q = 0; q < rank; ++q) s += x_of(q, i);
+            exc[i] = s;
+            inc[i] = s + x[i];
+            avg[i] = inc[i] / static_cast<float>(rank + 1);
+          }
+          std::vector<float> s(count, -1.0f), e(count, -1.0f), a(count, -1.0f), ip = x;
+          work ws = c->scan_async(x.data(), s.data(), count, dtype::float32, reduce_op::sum);
+          work we = c->exscan_async(x.data(), e.data(), count, dtype::float32, reduce_op::sum);
+          MP_REQUIRE_OK(ws.wait());
+          MP_REQUIRE_OK(we.wait());
+          MP_REQUIRE_OK(c->scan(x.data(), a.data(), count, dtype::float32, reduce_op::avg));
+          MP_REQUIRE_OK(c->exscan(static_cast<const float*>(ip.data()), ip.data(), count));
+          MP_CHECK(s == inc);
+          MP_CHECK(rank == 0 ? e == std::vector<float>(count, -1.0f) : e == exc);
+          MP_CHECK(a == avg);
+          MP_CHECK(ip == (rank == 0 ? x : exc));
+          MP_REQUIRE_OK(c->barrier());
+          return 0;
+        },
+        std::chrono::seconds(180), [&](int rank) {
+          test::set_net_env(how, rank, size);
+          if (how == net::mixed) ::setenv("CCLITE_HOSTID", rank % 2 ? "fake-node-b" : "fake-node-a", 1);
+        });
+    INFO(test::to_string(how), ", ", size, " ranks: ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
 // split(): even and odd ranks in reverse key order, one rank left out, then
 // per-node and one-per-node communicators over two fake nodes; each child runs
 // collectives of its own while the parent stays usable.
@@ -668,6 +746,8 @@ TEST_CASE("collectives: argument errors on the calling rank") {
     MP_CHECK(c->allgather(nullptr, x, 1, dtype::int32).code() == errc::invalid_argument);
     MP_CHECK(c->allgatherv(x, 1, x, nullptr, nullptr, dtype::int32).code() == errc::invalid_argument);
     MP_CHECK(c->reduce_scatter(x, x, SIZE_MAX / 4, dtype::int32, reduce_op::sum).code() == errc::invalid_argument);
+    MP_CHECK(c->scan(x, nullptr, 1, dtype::int32, reduce_op::sum).code() == errc::invalid_argument);
+    MP_CHECK(c->exscan(x, x, 1, dtype::float32, reduce_op::bxor).code() == errc::invalid_argument);
     // gatherv / scatterv: the root's arrays are checked on the root; the others' are not read
     const std::size_t cnt[2] = {1, 2}, dsp[2] = {0, 1}, cnt_wrong_own[2] = {3, 2};
     MP_CHECK(c->gatherv(x, 1, x, nullptr, dsp, dtype::int32, rank).code() == errc::invalid_argument);

@@ -125,6 +125,17 @@ TEST_CASE("mismatched counts dtypes ops collectives and roots give mismatch on e
         std::vector<float> v(300 * static_cast<std::size_t>(size), 1.0f), out(300);
         return c.reduce_scatterv(v.data(), out.data(), counts.data(), dtype::float32, reduce_op::sum);
       }, false, {"reduce_scatterv(float, counts hash "});
+      // The chain's rank 0 sends and leaves, as may a rank between two that
+      // agree with it (lenient): they hear of it from their next call.
+      expect_mismatch(size, n, "scan / exscan", [](default_communicator& c, bool odd) {
+        std::vector<float> v(100000, 1.0f), out(v.size());
+        return odd ? c.exscan(v.data(), out.data(), v.size(), dtype::float32, reduce_op::sum)
+                   : c.scan(v.data(), out.data(), v.size(), dtype::float32, reduce_op::sum);
+      }, true, {"scan(count=100000, float, sum)", "exscan(count=100000, float, sum)"});
+      expect_mismatch(size, n, "scan count", [](default_communicator& c, bool odd) {
+        std::vector<std::int64_t> v(16, 1), out(16);
+        return c.scan(static_cast<const std::int64_t*>(v.data()), out.data(), odd ? 15 : 16, reduce_op::max);
+      }, true, {"scan(count=16, int64, max)", "scan(count=15, int64, max)"});
     }
   }
 }

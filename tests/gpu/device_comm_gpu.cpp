@@ -527,7 +527,7 @@ int check_timing_and_routes(device_comm& dc, cudaStream_t s, const char* path, i
 
 // cuda::device_buffers: device pointers through the CPU communicator's own
 // calls (blocking and _async; alltoall, gather, scatter, send / recv, sendrecv
-// on the device engine; gatherv / scatterv unsupported), host pointers on its
+// on the device engine; gatherv / scatterv / scan / exscan unsupported), host pointers on its
 // CPU path; the hook gone with the object. Returns failed checks.
 int check_device_buffers(default_communicator& comm, int rank, int size) {
   const std::size_t n = 300007;
@@ -610,15 +610,19 @@ int check_device_buffers(default_communicator& comm, int rank, int size) {
     GPU(cudaMemcpy(got.data(), b.at(), got.size(), cudaMemcpyDeviceToHost));
     wrong += gt::wrong_elements(got, gt::input(dtype::int32, in, 30 + prev), dtype::int32);
   }
-  // gatherv / scatterv are not offered on device buffers: unsupported on every
-  // rank before any traffic, the communicator still usable (the barrier below).
+  // gatherv / scatterv / scan / exscan are not offered on device buffers:
+  // unsupported on every rank before any traffic, the communicator still
+  // usable (the barrier below).
   bool v_unsupported = false;
   {
     std::vector<std::size_t> c(static_cast<std::size_t>(size), 1), d(static_cast<std::size_t>(size));
     for (std::size_t i = 0; i < d.size(); ++i) d[i] = i;
     const status g = comm.gatherv(a.at(), 1, b.at(), c.data(), d.data(), dtype::int32, 0);
     const status sc = comm.scatterv(a.at(), c.data(), d.data(), b.at(), 1, dtype::int32, 0);
-    v_unsupported = g.code() == errc::unsupported && sc.code() == errc::unsupported;
+    const status sn = comm.scan(a.at(), b.at(), 1, dtype::int32, reduce_op::sum);
+    const status ex = comm.exscan_async(a.at(), b.at(), 1, dtype::int32, reduce_op::sum).wait();
+    v_unsupported = g.code() == errc::unsupported && sc.code() == errc::unsupported &&
+                    sn.code() == errc::unsupported && ex.code() == errc::unsupported;
     OR_DIE(comm.barrier());
   }
   gpu.value().reset();
@@ -626,7 +630,7 @@ int check_device_buffers(default_communicator& comm, int rank, int size) {
   const bool ok = wrong == 0 && host_ok && removed && v_unsupported;
   if (rank == 0 || !ok) {
     std::printf("RESULT devcomm device_buffers_in_communicator %s (rank %d: %zu wrong, host %s, removed %s, "
-                "gatherv/scatterv unsupported %s)\n", ok ? "ok" : "FAIL", rank, wrong, host_ok ? "ok" : "FAIL",
+                "gatherv/scatterv/scan/exscan unsupported %s)\n", ok ? "ok" : "FAIL", rank, wrong, host_ok ? "ok" : "FAIL",
                 removed ? "ok" : "FAIL", v_unsupported ? "ok" : "FAIL");
   }
   return !ok;

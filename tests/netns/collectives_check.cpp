@@ -269,6 +269,21 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < cnt[r]; ++i) ok = ok && out[i] == float(n * (n - 1) / 2 + n * ((dsp[r] + i) % 1000));
     expect(ok, r, "reduce_scatterv sum float");
   }
+  // scan and exscan (sum, int64): rank r ends with the ranks 0..r (0..r-1) summed, along
+  // the chain in rank order across the nodes.
+  {
+    const std::size_t k = big / 8;
+    std::vector<std::int64_t> x(k), inc(k, -1), exc(k, -1);
+    for (std::size_t i = 0; i < k; ++i) x[i] = std::int64_t(r + 1) * 1000 + std::int64_t(i % 97);
+    call(c.scan(x.data(), inc.data(), k, dtype::int64, reduce_op::sum), r, "scan");
+    call(c.exscan(x.data(), exc.data(), k, dtype::int64, reduce_op::sum), r, "exscan");
+    bool ok = true;
+    for (std::size_t i = 0; i < k; ++i) {
+      const std::int64_t below = std::int64_t(r) * (r + 1) / 2 * 1000 + std::int64_t(r) * std::int64_t(i % 97);
+      ok = ok && inc[i] == below + x[i] && exc[i] == (r == 0 ? -1 : below);
+    }
+    expect(ok, r, "scan / exscan sum int64");
+  }
   // sendrecv around the ring, then send/recv between pairs (0,1), (2,3), ...
   {
     const std::size_t k = big / 4;

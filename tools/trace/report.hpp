@@ -21,7 +21,8 @@ namespace cclite_trace {
 namespace detail {
 
 inline bool reducing(const std::string& kind) {
-  return kind == "allreduce" || kind == "reduce" || kind == "reduce_scatter" || kind == "reduce_scatterv";
+  return kind == "allreduce" || kind == "reduce" || kind == "reduce_scatter" || kind == "reduce_scatterv" ||
+         kind == "scan" || kind == "exscan";
 }
 inline bool rooted(const std::string& kind) {
   return kind == "broadcast" || kind == "reduce" || kind == "gather" || kind == "scatter" || kind == "gatherv" ||

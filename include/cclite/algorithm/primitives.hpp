@@ -140,6 +140,15 @@ class primitives {
     });
   }
 
+  /// out = prev; forwards local (op) prev (an exclusive scan's middle hop,
+  /// scan.hpp). `local` may equal `out`: each piece is reduced before it is kept.
+  status recv_copy_reduce_send(const std::uint8_t* local, std::uint8_t* out, std::size_t bytes) {
+    return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
+      red_->copy(dst, local + off, in, n / elem_);
+      keep(out + off, in, n);
+    });
+  }
+
   /// out = local (op) prev, nothing forwarded (the last hop of a reduce).
   status recv_reduce_copy(const std::uint8_t* local, std::uint8_t* out, std::size_t bytes) {
     return pump(bytes, true, false, [&](const std::uint8_t* in, std::uint8_t*, std::size_t n, std::size_t off) {

@@ -18,6 +18,7 @@
 #include <cclite/algorithm/p2p_group.hpp>
 #include <cclite/algorithm/recursive_doubling.hpp>
 #include <cclite/algorithm/ring_gather.hpp>
+#include <cclite/algorithm/scan.hpp>
 #include <cclite/algorithm/tree.hpp>
 #include <cclite/collective/comm_checks.hpp>
 #include <cclite/transport/any_link.hpp>
@@ -85,6 +86,27 @@ class comm_algorithms : public comm_checks<Transports...> {
     return with_links(topo_.ring_prev(rank_), topo_.ring_next(rank_), elem, &red, until, [&](auto& pr) {
       return ring_reduce_scatter(pr, send, recv, b, elem, red, n, topo_.ring_position(rank_), rank_, chunk);
     });
+  }
+
+  // Scan and exscan: the chain in rank order (algorithm/scan.hpp), over the
+  // links to rank - 1 and rank + 1 (the ring's, when the ring is in rank order).
+  status run_scan(bool exclusive, const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+                  const reduction& red, deadline until) {
+    const std::size_t bytes = count * red.elem_size;
+    if (!exclusive && rank_ == 0) CCLITE_TRY(local_copy(send, recv, bytes));
+    int peers[2];
+    int m = 0;
+    if (rank_ > 0) peers[m++] = rank_ - 1;
+    if (rank_ + 1 < size_) peers[m++] = rank_ + 1;
+    CCLITE_TRY(this->agree_before_connecting(base::site_chain, -1, until));
+    CCLITE_TRY(ensure_links(peers, m, until));
+    CCLITE_TRY(with_links(peers[0], peers[m - 1], red.elem_size, &red, until, [&](auto& pr) {
+      return chain_scan(pr, send, recv, bytes, rank_, size_, exclusive);
+    }));
+    // avg: the chain carried sums; each rank divides its own prefix.
+    const int members = exclusive ? rank_ : rank_ + 1;
+    if (red.needs_divide && members > 0) red.divide(recv, count, members);
+    return {};
   }
 
   // Recursive doubling on `recv` (send copied in first), exchanging with each

@@ -101,7 +101,8 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // Where a collective connects links on first use (ensure_links). A rank
   // that waits to connect to a rank that is gone, or that already failed and
   // will never connect, would wait out its deadline: a connect sees neither.
-  enum connect_site : int { site_rd, site_rhd, site_tree, site_tree_rooted, site_rooted_direct, site_alltoall };
+  enum connect_site : int { site_rd, site_rhd, site_tree, site_tree_rooted, site_rooted_direct, site_alltoall,
+                            site_chain };
 
   // The first time a site runs (with a given root; -1: none), every rank
   // first passes agree_on_call's token around the ring, whose links do see a

@@ -240,6 +240,10 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
       return ring([&](auto& pr) { return ring_reduce_scatter(pr, send, recv, b, elem, red, n, pos, rank_, chunk); });
     } else if constexpr (K == ck::reduce_scatterv) {
       return this->run_reduce_scatterv(d, send, recv, elem, red, until);
+    } else if constexpr (K == ck::scan || K == ck::exscan) {
+      if (n == 1) return K == ck::scan ? local_copy(send, recv, bytes) : status();
+      if (this->small_direct(d)) return run_small<K>(d, until);
+      return this->run_scan(K == ck::exscan, send, recv, d.count, red, until);
     } else if constexpr (K == ck::gather || K == ck::scatter || K == ck::gatherv || K == ck::scatterv) {
       if constexpr (K == ck::gather || K == ck::scatter)
         if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);

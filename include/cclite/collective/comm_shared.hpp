@@ -230,7 +230,8 @@ CCLITE_SETUP_CODE_END
     if (d.count > small_direct_max) return SIZE_MAX;  // no overflow below
     const std::size_t b = d.count * size_of(d.type);
     switch (d.kind) {
-      case ck::allreduce: case ck::broadcast: case ck::reduce: case ck::allgather: case ck::gather: return b;
+      case ck::allreduce: case ck::broadcast: case ck::reduce: case ck::allgather: case ck::gather:
+      case ck::scan: case ck::exscan: return b;
       case ck::reduce_scatter: case ck::alltoall: case ck::scatter: return b * static_cast<std::size_t>(size_);
       default: return SIZE_MAX;
     }
@@ -265,6 +266,7 @@ CCLITE_SETUP_CODE_END
       // reduce or gather. The scatter root's own block is in its own slot.
       const bool eager = K == ck::broadcast || K == ck::scatter ? is_root
                          : K == ck::reduce || K == ck::gather   ? !is_root
+                         : K == ck::scan || K == ck::exscan     ? rank_ == 0  // reads no other slot
                                                                 : false;
       CCLITE_TRY(small_exchange(send, gives ? small_slot_bytes(d) : 0, read_from, block, h, linkless, until, eager));
       if (!block) return {};
@@ -279,6 +281,12 @@ CCLITE_SETUP_CODE_END
         if (K == ck::gather && !is_root) return {};
         for (int r = 0; r < size_; ++r)
           std::memcpy(recv + static_cast<std::size_t>(r) * block, small_->small_data(r) + read_from, block);
+      } else if constexpr (K == ck::scan || K == ck::exscan) {
+        // The slots of ranks 0..r (exscan: 0..r-1) in rank order: the chain's bits.
+        const int members = K == ck::scan ? rank_ + 1 : rank_;
+        if (members == 0) return {};
+        const reduction red = d.kernels ? d.kernels(d.type, d.op) : reduction{};
+        small_->small_reduce(recv, 0, d.count, red, red.needs_divide ? members : 0, members);
       }
       return {};
     } else {

@@ -202,6 +202,34 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
     return run(d);
   }
 
+  /// Inclusive prefix reduction (MPI_Scan): rank r's recv[i] = send[i] (op)
+  /// over ranks 0..r, in rank order (reduce_op::avg: divided by r + 1).
+  /// `send == recv` is in place. A chain in rank order (algorithm/scan.hpp).
+  status scan(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
+    return run(rooted<collective_kind::scan>(send, recv, count, t, op, 0, &reduction_for));
+  }
+  work scan_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
+    return submit(rooted<collective_kind::scan>(send, recv, count, t, op, 0, &reduction_for));
+  }
+  template <class T>
+  status scan(const T* send, T* recv, std::size_t count, reduce_op op = reduce_op::sum) {
+    return run(typed<collective_kind::scan>(send, recv, count, op, 0));
+  }
+
+  /// Exclusive prefix reduction (MPI_Exscan): rank r's recv[i] = send[i] (op)
+  /// over ranks 0..r-1 (avg: divided by r). Rank 0's recv is not written
+  /// (MPI leaves it undefined). `send == recv` is in place.
+  status exscan(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
+    return run(rooted<collective_kind::exscan>(send, recv, count, t, op, 0, &reduction_for));
+  }
+  work exscan_async(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
+    return submit(rooted<collective_kind::exscan>(send, recv, count, t, op, 0, &reduction_for));
+  }
+  template <class T>
+  status exscan(const T* send, T* recv, std::size_t count, reduce_op op = reduce_op::sum) {
+    return run(typed<collective_kind::exscan>(send, recv, count, op, 0));
+  }
+
   /// Block r of `send` (count elements each) goes to rank r, block r of `recv`
   /// comes from rank r. `send == recv` is the in-place form (MPI_IN_PLACE):
   /// each block is swapped with its rank through a bounded scratch buffer.

@@ -157,10 +157,7 @@ CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
   }
 CCLITE_SETUP_CODE_END
 
-  static bool reduces(collective_kind k) {
-    return k == collective_kind::allreduce || k == collective_kind::reduce || k == collective_kind::reduce_scatter ||
-           k == collective_kind::reduce_scatterv;
-  }
+  static bool reduces(collective_kind k) { return cclite::reduces(k); }
   static bool rooted(collective_kind k) {
     return k == collective_kind::broadcast || k == collective_kind::reduce || k == collective_kind::gather ||
            k == collective_kind::scatter || k == collective_kind::gatherv || k == collective_kind::scatterv;
@@ -289,6 +286,11 @@ class checked_primitives {
   status recv_reduce_copy(const std::uint8_t* local, std::uint8_t* o, std::size_t bytes) {
     CCLITE_TRY(in(bytes));
     return p_.recv_reduce_copy(local, o, bytes);
+  }
+  status recv_copy_reduce_send(const std::uint8_t* local, std::uint8_t* o, std::size_t bytes) {
+    CCLITE_TRY(in(bytes));
+    CCLITE_TRY(out(bytes));
+    return p_.recv_copy_reduce_send(local, o, bytes);
   }
   status sendrecv(const std::uint8_t* src, std::size_t send_bytes, std::uint8_t* o, std::size_t recv_bytes) {
     CCLITE_TRY(out(send_bytes));

@@ -20,8 +20,9 @@ enum class collective_kind : std::uint8_t {
   send, recv, sendrecv, allgatherv, alltoallv,
   group,  ///< the sends and receives of communicator::group_start() .. group_end()
   gatherv, scatterv, reduce_scatterv,  // after group: the kinds' numbers are on the wire (call headers) and in trace files
+  scan, exscan,  ///< prefix reductions (MPI_Scan, MPI_Exscan)
 };
-inline constexpr int collective_kind_count = 18;
+inline constexpr int collective_kind_count = 20;
 
 inline const char* to_string(collective_kind k) noexcept {
   switch (k) {
@@ -43,8 +44,16 @@ inline const char* to_string(collective_kind k) noexcept {
     case collective_kind::gatherv: return "gatherv";
     case collective_kind::scatterv: return "scatterv";
     case collective_kind::reduce_scatterv: return "reduce_scatterv";
+    case collective_kind::scan: return "scan";
+    case collective_kind::exscan: return "exscan";
   }
   return "?";
+}
+
+/// True for the collectives that reduce (their call takes a reduce_op).
+inline constexpr bool reduces(collective_kind k) noexcept {
+  return k == collective_kind::allreduce || k == collective_kind::reduce || k == collective_kind::reduce_scatter ||
+         k == collective_kind::reduce_scatterv || k == collective_kind::scan || k == collective_kind::exscan;
 }
 
 /// True for the collectives, which every rank of the communicator calls (and
@@ -102,7 +111,7 @@ struct op_desc {
   /// Set by communicator (the call's algorithms); null in a call built
   /// elsewhere, e.g. for a device hook, which runs it its own way.
   detail::op_runner runner = nullptr;
-  /// Set by communicator for allreduce, reduce and reduce_scatter; null for
+  /// Set by communicator for the kinds that reduce (reduces()); null for
   /// the other kinds, whose reduction is the empty table.
   detail::kernel_lookup kernels = nullptr;
   /// group: the `count` transfers, checked when they were issued.
@@ -179,11 +188,10 @@ inline status validate(const op_desc& d, int size) {
   const char* name = to_string(d.kind);
   if (d.kind == collective_kind::barrier || d.kind == collective_kind::group) return {};
   if (!is_valid(d.type)) return make_error(errc::invalid_argument, "%s: invalid dtype %d", name, static_cast<int>(d.type));
-  const bool reduces = d.kind == collective_kind::allreduce || d.kind == collective_kind::reduce ||
-                       d.kind == collective_kind::reduce_scatter || d.kind == collective_kind::reduce_scatterv;
-  if (reduces && !is_valid(d.op))
+  const bool reducing = reduces(d.kind);
+  if (reducing && !is_valid(d.op))
     return make_error(errc::invalid_argument, "%s: invalid reduce_op %d", name, static_cast<int>(d.op));
-  if (reduces && !applies_to(d.op, d.type))
+  if (reducing && !applies_to(d.op, d.type))
     return make_error(errc::invalid_argument, "%s: %s takes integer dtypes, not %s", name, to_string(d.op),
                       to_string(d.type));
   const bool rooted = d.kind == collective_kind::broadcast || d.kind == collective_kind::reduce ||

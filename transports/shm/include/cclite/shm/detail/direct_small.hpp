@@ -142,9 +142,10 @@ class direct_small : public direct_core {
 
   /// recv = reduction, in member order, of `count` elements at byte `offset`
   /// of every member's slot (after small_exchange), divided by `divide_by` when > 0.
+  /// `members` >= 1: of the first `members` slots only (a prefix: scan).
   void small_reduce(std::uint8_t* recv, std::size_t offset, std::size_t count, const reduction& red,
-                    int divide_by) const {
-    const std::size_t L = members_.size();
+                    int divide_by, int members = -1) const {
+    const std::size_t L = members < 0 ? members_.size() : static_cast<std::size_t>(members);
     if (L == 1) {
       std::memcpy(recv, small_data(0) + offset, count * red.elem_size);
     } else {

@@ -1,0 +1,47 @@
+// cclite/algorithm/scan.hpp - prefix reductions (MPI_Scan, MPI_Exscan)
+// along a chain of ranks in rank order.
+//
+// Rank r's result is x_0 (op) x_1 (op) ... (op) x_r (scan, inclusive) or
+// x_0 (op) ... (op) x_{r-1} (exscan, exclusive; rank 0's output is not
+// written, which MPI leaves undefined). Rank r receives the prefix of ranks
+// 0..r-1 from rank r - 1 and passes the prefix of 0..r on to rank r + 1,
+// piece by piece through the links, so a large vector pipelines: about
+// (p - 1) alpha + n beta, where a recursive-doubling scan moves
+// log2(p) whole vectors. Each rank combines its own value with the prefix
+// that arrives (primitives::recv_reduce_copy_send: own (op) prefix); every
+// reduce_op is commutative, so rank r ends with the bits of
+// ((x_0 op x_1) op x_2) ... op x_r, as shm-direct's small path computes
+// them from the ranks' slots in rank order (comm_shared.hpp).
+//
+// reduce_op::avg: the chain carries sums and the caller divides its own
+// result by the number of ranks in its prefix (comm_algorithms::run_scan).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cclite/core/status.hpp>
+
+namespace cclite {
+
+/// One rank's part of a chain scan over `bytes` bytes of `send` into `recv`
+/// (`send == recv`: in place). `p`: primitives whose prev link is rank - 1
+/// and next link rank + 1 (rank 0: any prev; the last rank: any next: neither
+/// is used). The caller copies send to recv on rank 0 of an inclusive scan.
+template <class Prims>
+status chain_scan(Prims& p, const std::uint8_t* send, std::uint8_t* recv, std::size_t bytes, int rank, int n,
+                  bool exclusive) {
+  const bool last = rank == n - 1;
+  p.will_finish();  // each rank's one verb is its last (primitives.hpp)
+  if (rank == 0) {
+    CCLITE_TRY(p.send(send, bytes));
+  } else if (exclusive) {
+    // Our result is the arriving prefix; the next rank's is that (op) ours.
+    CCLITE_TRY(last ? p.recv(recv, bytes) : p.recv_copy_reduce_send(send, recv, bytes));
+  } else {
+    CCLITE_TRY(last ? p.recv_reduce_copy(send, recv, bytes) : p.recv_reduce_copy_send(send, recv, bytes));
+  }
+  return p.finish();
+}
+
+}  // namespace cclite
