@@ -41,7 +41,8 @@ bool pick_collective(int& argc, char** argv) {
   }
   for (collective_kind k : {collective_kind::allgather, collective_kind::reduce_scatter, collective_kind::broadcast,
                             collective_kind::reduce, collective_kind::alltoall, collective_kind::sendrecv,
-                            collective_kind::gather, collective_kind::scatter}) {
+                            collective_kind::gather, collective_kind::scatter, collective_kind::scan,
+                            collective_kind::exscan}) {
     if (name == to_string(k)) {
       kind = k;
       return true;
@@ -49,7 +50,8 @@ bool pick_collective(int& argc, char** argv) {
   }
   std::fprintf(stderr,
                "coll_perf: which collective? run it as allgather_perf, reduce_scatter_perf, broadcast_perf, "
-               "reduce_perf, alltoall_perf, sendrecv_perf, gather_perf or scatter_perf, or pass -C <collective> "
+               "reduce_perf, alltoall_perf, sendrecv_perf, gather_perf, scatter_perf, scan_perf or exscan_perf, or "
+               "pass -C <collective> "
                "(got '%s')\n",
                name.c_str());
   return false;
@@ -103,6 +105,8 @@ int main(int argc, char** argv) {
         case collective_kind::reduce: return comm.reduce(sb, rb, s.count, a.type, a.op, root);
         case collective_kind::gather: return comm.gather(sb, rb, s.count, a.type, root);
         case collective_kind::scatter: return comm.scatter(sb, rb, s.count, a.type, root);
+        case collective_kind::scan: return comm.scan(sb, rb, s.count, a.type, a.op);
+        case collective_kind::exscan: return comm.exscan(sb, rb, s.count, a.type, a.op);
         default:
           if (!grouped) return comm.sendrecv(sb, s.count, (me + 1) % n, rb, s.count, (me + n - 1) % n, a.type);
           comm.group_start();

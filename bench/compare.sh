@@ -10,7 +10,7 @@
 #   bench/compare.sh -C allgather shm   # allgather_perf beside MPI_Allgather
 #
 # Options: -C COLLECTIVE (allreduce, the default; allgather, reduce_scatter, alltoall,
-# broadcast, reduce, sendrecv, gather, scatter: <collective>_perf beside allreduce_perf_mpi -C
+# broadcast, reduce, sendrecv, gather, scatter, scan, exscan: <collective>_perf beside allreduce_perf_mpi -C
 # <collective>, the same sizes, inputs and checks, out of place, root 0);
 # -r runs (default 3; each size's median over the runs is shown, with
 # [min..max]); -m: run MPI a second time with MPI_TUNED_ENV (default
@@ -74,8 +74,8 @@ case $mode in shm|tcp) ;; *) echo "compare.sh: mode must be shm or tcp, not '$mo
 case $runs in ''|*[!0-9]*|0) echo "compare.sh: -r needs a positive integer" >&2; exit 2 ;; esac
 case $coll in
   allreduce) cclite_prog=allreduce_perf; mpi_coll=() ;;
-  allgather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter) cclite_prog=${coll}_perf; mpi_coll=(-C "$coll") ;;
-  *) echo "compare.sh: -C must name allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, sendrecv, gather or scatter, not '$coll'" >&2; exit 2 ;;
+  allgather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|scatter|scan|exscan) cclite_prog=${coll}_perf; mpi_coll=(-C "$coll") ;;
+  *) echo "compare.sh: -C must name allreduce, allgather, reduce_scatter, alltoall, broadcast, reduce, sendrecv, gather, scatter, scan or exscan, not '$coll'" >&2; exit 2 ;;
 esac
 [ -n "$prio" ] && [ "$(id -u)" != 0 ] && { echo "compare.sh: -p needs root (autogroup nice -20)" >&2; exit 2; }
 

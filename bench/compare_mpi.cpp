@@ -13,9 +13,9 @@
 // ring shift as MPI_Sendrecv (to the next rank, from the previous; in place:
 // MPI_Sendrecv_replace), each rank checking that it got its predecessor's input.
 // -C allgather | reduce_scatter | alltoall | broadcast | reduce | gather |
-// scatter [-r ROOT]: the twin of that coll_perf program (MPI_Allgather,
-// MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Bcast, MPI_Reduce, MPI_Gather,
-// MPI_Scatter): the same sweep, sizes, inputs and
+// scatter | scan | exscan [-r ROOT]: the twin of that coll_perf program
+// (MPI_Allgather, MPI_Reduce_scatter_block, MPI_Alltoall, MPI_Bcast, MPI_Reduce,
+// MPI_Gather, MPI_Scatter, MPI_Scan, MPI_Exscan): the same sweep, sizes, inputs and
 // checks (common/coll_sweep.hpp), out of place.
 //
 // dtypes: those MPI has (int8 uint8 int32 uint32 int64 uint64 float double);
@@ -121,6 +121,14 @@ struct mpi_coll_ops : mpi_sweep_sync {
       case collective_kind::gather: MPI_Gather(send, n, type, recv, n, type, root, MPI_COMM_WORLD); return;
       case collective_kind::scatter: MPI_Scatter(send, n, type, recv, n, type, root, MPI_COMM_WORLD); return;
       case collective_kind::reduce_scatter: MPI_Reduce_scatter_block(send, recv, n, type, op, MPI_COMM_WORLD); break;
+      case collective_kind::scan:  // avg: divided by the ranks in the prefix, as cclite does
+        MPI_Scan(send, recv, n, type, op, MPI_COMM_WORLD);
+        if (avg) bench::by_dtype(dtype_, [&](auto tag) { divide<decltype(tag)>(recv, s.count, rank + 1); });
+        return;
+      case collective_kind::exscan:
+        MPI_Exscan(send, recv, n, type, op, MPI_COMM_WORLD);
+        if (avg && rank > 0) bench::by_dtype(dtype_, [&](auto tag) { divide<decltype(tag)>(recv, s.count, rank); });
+        return;
       default: MPI_Reduce(send, recv, n, type, op, root, MPI_COMM_WORLD); if (rank != root) return; break;
     }
     if (avg) bench::by_dtype(dtype_, [&](auto tag) { divide<decltype(tag)>(recv, s.count, size); });
@@ -140,6 +148,8 @@ bool pick_collective(const std::string& name, cclite::collective_kind& out) {
   else if (name == "reduce") out = collective_kind::reduce;
   else if (name == "gather") out = collective_kind::gather;
   else if (name == "scatter") out = collective_kind::scatter;
+  else if (name == "scan") out = collective_kind::scan;
+  else if (name == "exscan") out = collective_kind::exscan;
   else return false;
   return true;
 }
@@ -158,7 +168,7 @@ int main(int argc, char** argv) {
   if (!pick_collective(coll, kind)) {
     if (rank == 0)
       std::fprintf(stderr, "allreduce_perf_mpi: -C %s: one of sendrecv allgather reduce_scatter alltoall "
-                   "broadcast reduce gather scatter (or none: allreduce)\n", coll.c_str());
+                   "broadcast reduce gather scatter scan exscan (or none: allreduce)\n", coll.c_str());
     MPI_Finalize();
     return 2;
   }

@@ -5,8 +5,9 @@
 //
 // nccl-tests' sizes: allgather and gather size = the gathered output,
 // reduce_scatter and scatter size = the input, alltoall size = one rank's send
-// buffer ("spread" collectives, busbw = algbw (n-1)/n); broadcast, reduce and
-// sendrecv: size = the buffer, busbw = algbw.
+// buffer ("spread" collectives, busbw = algbw (n-1)/n); broadcast, reduce,
+// sendrecv, scan and exscan: size = the buffer, busbw = algbw (nccl-tests has no
+// scan; its chain carries the whole buffer over each link once, as broadcast's).
 #pragma once
 
 #include <cstddef>
@@ -58,6 +59,8 @@ inline double coll_want(const coll_case& c, std::size_t i, std::size_t count, re
     case collective_kind::alltoall: return input(static_cast<int>(i / count), c.me * count + i % count);
     case collective_kind::broadcast: return input(c.root, i);
     case collective_kind::reduce: return expected(op, c.n, i);
+    case collective_kind::scan: return expected(op, c.me + 1, i);      // ranks 0..me
+    case collective_kind::exscan: return expected(op, c.me, i);        // ranks 0..me-1
     default: return input((c.me + c.n - 1) % c.n, i);  // sendrecv: from the previous rank
   }
 }
@@ -77,6 +80,7 @@ void coll_fill(const coll_case& c, const coll_shape& s, void* send, void* recv) 
 template <class T>
 std::size_t coll_wrong(const coll_case& c, const coll_shape& s, const void* recv, reduce_op op) {
   if ((c.kind == collective_kind::reduce || c.kind == collective_kind::gather) && c.me != c.root) return 0;
+  if (c.kind == collective_kind::exscan && c.me == 0) return 0;  // rank 0's output is undefined
   const T* t = static_cast<const T*>(recv);
   std::size_t bad = 0;
   for (std::size_t i = 0; i < s.recv_elems; ++i)
