@@ -629,6 +629,12 @@ TEST_CASE("collectives: outputs past the streaming threshold, allgather(v) and a
   }
 }
 
+// Small scans on 3 or more ranks take recursive doubling (the runs above);
+// the chain forced for them too.
+TEST_CASE("collectives: the chain forced for small scans, 4 ranks over 2 fake nodes") {
+  run(4, net::mixed, false, "scan:ring,exscan:ring");
+}
+
 TEST_CASE("collectives: binary tree forced for broadcast and reduce, 2..7 ranks") {
   run(2, net::tcp_only, false, "tree");
   run(4, net::mixed, true, "broadcast:tree,reduce:tree");

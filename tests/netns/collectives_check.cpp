@@ -269,10 +269,9 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < cnt[r]; ++i) ok = ok && out[i] == float(n * (n - 1) / 2 + n * ((dsp[r] + i) % 1000));
     expect(ok, r, "reduce_scatterv sum float");
   }
-  // scan and exscan (sum, int64): rank r ends with the ranks 0..r (0..r-1) summed, along
-  // the chain in rank order across the nodes.
-  {
-    const std::size_t k = big / 8;
+  // scan and exscan (sum, int64): rank r ends with the ranks 0..r (0..r-1) summed, across
+  // the nodes: 5 elements by recursive doubling (3 or more ranks), big / 8 along the chain.
+  for (const std::size_t k : {std::size_t(5), big / 8}) {
     std::vector<std::int64_t> x(k), inc(k, -1), exc(k, -1);
     for (std::size_t i = 0; i < k; ++i) x[i] = std::int64_t(r + 1) * 1000 + std::int64_t(i % 97);
     call(c.scan(x.data(), inc.data(), k, dtype::int64, reduce_op::sum), r, "scan");

@@ -88,21 +88,38 @@ class comm_algorithms : public comm_checks<Transports...> {
     });
   }
 
-  // Scan and exscan: the chain in rank order (algorithm/scan.hpp), over the
-  // links to rank - 1 and rank + 1 (the ring's, when the ring is in rank order).
-  status run_scan(bool exclusive, const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
+  // Scan and exscan (algorithm/scan.hpp): the chain in rank order, over the
+  // links to rank - 1 and rank + 1 (the ring's, when the ring is in rank
+  // order), or recursive doubling (`rd`) with rank ^ 2^k.
+  status run_scan(bool exclusive, bool rd, const std::uint8_t* send, std::uint8_t* recv, std::size_t count,
                   const reduction& red, deadline until) {
     const std::size_t bytes = count * red.elem_size;
-    if (!exclusive && rank_ == 0) CCLITE_TRY(local_copy(send, recv, bytes));
-    int peers[2];
+    int peers[64];
     int m = 0;
-    if (rank_ > 0) peers[m++] = rank_ - 1;
-    if (rank_ + 1 < size_) peers[m++] = rank_ + 1;
-    CCLITE_TRY(this->agree_before_connecting(base::site_chain, -1, until));
+    if (rd) {
+      m = recursive_doubling_scan_peers(rank_, size_, peers);
+    } else {
+      if (rank_ > 0) peers[m++] = rank_ - 1;
+      if (rank_ + 1 < size_) peers[m++] = rank_ + 1;
+    }
+    CCLITE_TRY(this->agree_before_connecting(rd ? base::site_scan_rd : base::site_chain, -1, until));
     CCLITE_TRY(ensure_links(peers, m, until));
-    CCLITE_TRY(with_links(peers[0], peers[m - 1], red.elem_size, &red, until, [&](auto& pr) {
-      return chain_scan(pr, send, recv, bytes, rank_, size_, exclusive);
-    }));
+    if (rd) {
+      if (scratch_.size() < 2 * bytes) scratch_.resize(2 * bytes);  // once per size class
+      std::uint8_t* total = scratch_.data();
+      CCLITE_TRY(local_copy(send, total, bytes));
+      if (!exclusive) CCLITE_TRY(local_copy(send, recv, bytes));
+      CCLITE_TRY(recursive_doubling_scan(recv, total, total + bytes, count, red, rank_, size_, exclusive,
+                                         [&](int peer, const std::uint8_t* o, std::size_t ob, std::uint8_t* in,
+                                             std::size_t ib) {
+                                           return exchange_with(peer, o, ob, in, ib, red.elem_size, until);
+                                         }));
+    } else {
+      if (!exclusive && rank_ == 0) CCLITE_TRY(local_copy(send, recv, bytes));
+      CCLITE_TRY(with_links(peers[0], peers[m - 1], red.elem_size, &red, until, [&](auto& pr) {
+        return chain_scan(pr, send, recv, bytes, rank_, size_, exclusive);
+      }));
+    }
     // avg: the chain carried sums; each rank divides its own prefix.
     const int members = exclusive ? rank_ : rank_ + 1;
     if (red.needs_divide && members > 0) red.divide(recv, count, members);

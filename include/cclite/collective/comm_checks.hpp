@@ -102,7 +102,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // that waits to connect to a rank that is gone, or that already failed and
   // will never connect, would wait out its deadline: a connect sees neither.
   enum connect_site : int { site_rd, site_rhd, site_tree, site_tree_rooted, site_rooted_direct, site_alltoall,
-                            site_chain };
+                            site_chain, site_scan_rd };
 
   // The first time a site runs (with a given root; -1: none), every rank
   // first passes agree_on_call's token around the ring, whose links do see a

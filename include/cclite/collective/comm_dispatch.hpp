@@ -243,7 +243,8 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     } else if constexpr (K == ck::scan || K == ck::exscan) {
       if (n == 1) return K == ck::scan ? local_copy(send, recv, bytes) : status();
       if (this->small_direct(d)) return run_small<K>(d, until);
-      return this->run_scan(K == ck::exscan, send, recv, d.count, red, until);
+      return this->run_scan(K == ck::exscan, select_.choose(K, bytes, n) == algorithm::rd, send, recv, d.count, red,
+                            until);
     } else if constexpr (K == ck::gather || K == ck::scatter || K == ck::gatherv || K == ck::scatterv) {
       if constexpr (K == ck::gather || K == ck::scatter)
         if (n > 1 && this->small_direct(d)) return run_small<K>(d, until);

@@ -55,6 +55,8 @@ inline bool available(collective_kind k, algorithm a) noexcept {
     case collective_kind::allreduce: return true;  // hier and direct fall back to ring where they do not apply
     case collective_kind::broadcast:
     case collective_kind::reduce: return a == algorithm::tree;
+    case collective_kind::scan:
+    case collective_kind::exscan: return a == algorithm::rd;
     default: return false;
   }
 }
@@ -180,6 +182,11 @@ CCLITE_SETUP_CODE_END
         return cost_.tree_rooted(n, b, c, red) < cost_.chain_rooted(n, b, c, red) ? algorithm::tree
                                                                                    : algorithm::ring;
       }
+      case collective_kind::scan:
+      case collective_kind::exscan:
+        // Up to CCLITE_RD_MAX on 3 or more ranks, log2(p) exchanges of the
+        // vector beat p - 1 hops (algorithm/scan.hpp); 2 ranks: one hop either way.
+        return n > 2 && bytes <= rd_max_ ? algorithm::rd : algorithm::ring;
       default: return algorithm::ring;
     }
   }
