@@ -495,12 +495,13 @@ TEST_CASE("collectives: shm-direct's small path for every collective, at its lim
 }
 
 // The root of a small broadcast or scatter, the other ranks of a small
-// reduce or gather, and rank 0 of a scan leave without waiting (shm/detail/direct_small.hpp, "Eager
-// calls"), at most one call ahead: their next call waits until everyone has
-// made this one, so that nobody rewrites a slot another rank has still to
-// read. Runs of calls by the same early leaver, ranks that fall behind now
-// and then, and data that changes every call show any slot rewritten too
-// soon as a wrong value. The last call's root closes at once.
+// reduce or gather, and rank 0 of a scan leave without waiting
+// (shm/detail/direct_small.hpp, "Eager calls"), at most one call ahead: their
+// next call waits until everyone has made this one, so that nobody rewrites a
+// slot another rank has still to read. Runs of calls by the same early
+// leaver, ranks that fall behind now and then, and data that changes every
+// call show any slot rewritten too soon as a wrong value. The last call's
+// root closes at once.
 TEST_CASE("collectives: small rooted calls whose root leaves early, in runs, every value checked, 2..4 ranks") {
   for (int size : {2, 3, 4}) {
     test::temp_dir dir;

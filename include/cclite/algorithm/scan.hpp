@@ -1,5 +1,5 @@
-// cclite/algorithm/scan.hpp - prefix reductions (MPI_Scan, MPI_Exscan)
-// along a chain of ranks in rank order.
+// cclite/algorithm/scan.hpp - prefix reductions (MPI_Scan, MPI_Exscan):
+// a chain of ranks in rank order, and recursive doubling for small calls.
 //
 // Rank r's result is x_0 (op) x_1 (op) ... (op) x_r (scan, inclusive) or
 // x_0 (op) ... (op) x_{r-1} (exscan, exclusive; rank 0's output is not

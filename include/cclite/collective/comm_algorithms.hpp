@@ -120,7 +120,7 @@ class comm_algorithms : public comm_checks<Transports...> {
         return chain_scan(pr, send, recv, bytes, rank_, size_, exclusive);
       }));
     }
-    // avg: the chain carried sums; each rank divides its own prefix.
+    // avg: both algorithms carried sums; each rank divides its own prefix.
     const int members = exclusive ? rank_ : rank_ + 1;
     if (red.needs_divide && members > 0) red.divide(recv, count, members);
     return {};

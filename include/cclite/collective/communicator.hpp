@@ -204,7 +204,8 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
 
   /// Inclusive prefix reduction (MPI_Scan): rank r's recv[i] = send[i] (op)
   /// over ranks 0..r, in rank order (reduce_op::avg: divided by r + 1).
-  /// `send == recv` is in place. A chain in rank order (algorithm/scan.hpp).
+  /// `send == recv` is in place. A chain in rank order, or recursive doubling
+  /// for small calls on 3 or more ranks (algorithm/scan.hpp).
   status scan(const void* send, void* recv, std::size_t count, dtype t, reduce_op op) {
     return run(rooted<collective_kind::scan>(send, recv, count, t, op, 0, &reduction_for));
   }
