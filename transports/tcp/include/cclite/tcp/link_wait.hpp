@@ -86,20 +86,21 @@ inline status link::progress_until(deadline until, bool needs_peer_reading, wait
 // Classifies a send/recv errno: false = "try later", true = failed (sticky).
 inline bool link::io_error(int e, int j) {
   if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS || e == ENOMEM) return false;
-  std::string why;
+  const char* why = nullptr;
   switch (e) {
     case ECONNRESET: case EPIPE: why = "connection reset by peer"; break;
     case ETIMEDOUT:
-      why = "no answer to keepalive probes or retransmissions for " + std::to_string(silent_s_) +
-            " s (host down or network cut; CCLITE_TCP_KEEPALIVE sets this limit)";
-      break;
+      fail(make_error(errc::peer_lost, "connection to %s lost: no answer to keepalive probes or retransmissions "
+                      "for %d s (host down or network cut; CCLITE_TCP_KEEPALIVE sets this limit) (socket %d of %d)",
+                      desc_.c_str(), silent_s_, j, n_));
+      return true;
     case EHOSTUNREACH: case ENETUNREACH: case ENETDOWN: case ECONNABORTED: case ENOTCONN: break;
     default:
       fail(make_error(errc::system_error, "tcp link to %s: socket %d of %d failed: %s",
                       desc_.c_str(), j, n_, detail::errno_text(e).c_str()));
       return true;
   }
-  const std::string text = why.empty() ? detail::errno_text(e) : why;
+  std::string text = why ? std::string(why) : detail::errno_text(e);
   fail(make_error(errc::peer_lost, "connection to %s lost: %s (socket %d of %d)", desc_.c_str(),
                   text.c_str(), j, n_));
   return true;
