@@ -632,7 +632,7 @@ TEST_CASE("collectives: outputs past the streaming threshold, allgather(v) and a
 
 // Small scans on 3 or more ranks take recursive doubling (the runs above);
 // the chain forced for them too.
-TEST_CASE("collectives: the chain forced for small scans, 4 ranks over 2 fake nodes") {
+TEST_CASE("collectives: the chain forced for small scans, 4 ranks, mixed (2 fake nodes)") {
   run(4, net::mixed, false, "scan:ring,exscan:ring");
 }
 
@@ -647,7 +647,8 @@ TEST_CASE("collectives: binary tree forced for broadcast and reduce, 2..7 ranks"
 // alternately (the ring goes 0, 2, 1, 3: the chain connects links of its own).
 // Values are small integers in float: every prefix is exact, and avg's
 // quotient is the one the test computes.
-TEST_CASE("collectives: scan and exscan past the link buffers, ranks interleaved across nodes") {
+// (Its name and the next one's match collectives_verbs_emulated's filter, tests/verbs/verbs.cmake.)
+TEST_CASE("collectives: scan and exscan past the link buffers over shm, tcp and mixed nodes (ranks interleaved)") {
   const std::size_t count = 3u << 20;
   for (net how : {net::shm_only, net::tcp_only, net::mixed}) {
     const int size = how == net::tcp_only ? 3 : 4;
