@@ -601,13 +601,17 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
   // parent call's with the step inside it, without the child's own numbering
   // ("rank 3: allreduce #16 (...): hierarchical allreduce, in the node:
   // allgather (...): rank 2 (...) is gone").
+  // The fourth: scans along the chain (rank 2 between ranks 1 and 3) over tcp.
   struct run_case {
     net n;
     const char* algo;
+    bool scan;
   };
-  for (run_case k : {run_case{net::shm_only, ""}, run_case{net::tcp_only, ""}, run_case{net::mixed, "allreduce:hier"}}) {
+  for (run_case k : {run_case{net::shm_only, "", false}, run_case{net::tcp_only, "", false},
+                     run_case{net::mixed, "allreduce:hier", false}, run_case{net::tcp_only, "", true}}) {
     const net n = k.n;
     const bool hier = *k.algo != 0;
+    const char* call = k.scan ? "scan #" : "allreduce #";
     test::temp_dir dir;
     auto r = test::run_ranks(
         4,
@@ -617,19 +621,22 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
           const std::string victim = c->peer(2).describe();  // "rank 2 (host, pid N)"
           std::vector<float> v(4u << 20, 1.0f);
           if (rank == 2) die_after(std::chrono::milliseconds(300));
+          auto run = [&](std::size_t count) {
+            return k.scan ? c->scan(static_cast<const float*>(v.data()), v.data(), count) : c->allreduce(v.data(), count);
+          };
           for (int i = 0; i < 100000; ++i) {
-            status st = c->allreduce(v.data(), v.size());
+            status st = run(v.size());
             if (st.ok()) continue;
             if (st.code() != errc::peer_lost || !contains(st, victim))
               std::fprintf(stderr, "rank %d: expected peer_lost naming %s, got %s\n", rank, victim.c_str(),
                            st.to_string().c_str());
             MP_CHECK(st.code() == errc::peer_lost);
             MP_CHECK(contains(st, victim));          // the first casualty, not a survivor that gave up
-            MP_CHECK(contains(st, "allreduce #"));  // and the call it died in
+            MP_CHECK(contains(st, call));  // and the call it died in
             // (Not asserted: that a step is named. A rank 2 killed between two
             // calls is seen by the next call's header exchange, before any step.)
             if (hier) MP_CHECK(numbers_only_calls_of(st.message(), "allreduce #", " (4194304 x float"));
-            status next = c->allreduce(v.data(), 1);
+            status next = run(1);
             MP_CHECK(next.code() == errc::peer_lost);
             MP_CHECK(contains(next, victim));
             return 0;
@@ -641,7 +648,7 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
           ::setenv("CCLITE_TIMEOUT", "60", 1);  // loss must be reported well before this
           ::setenv("CCLITE_ALGO", k.algo, 1);
         });
-    INFO("net ", test::to_string(n), ": ", r.describe());
+    INFO("net ", test::to_string(n), k.scan ? ", scan" : "", ": ", r.describe());
     CHECK(r.exit_codes[0] == 0);
     CHECK(r.exit_codes[1] == 0);
     CHECK(r.exit_codes[2] == -SIGKILL);
