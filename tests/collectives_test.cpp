@@ -647,7 +647,8 @@ TEST_CASE("collectives: binary tree forced for broadcast and reduce, 2..7 ranks"
 // alternately (the ring goes 0, 2, 1, 3: the chain connects links of its own).
 // Values are small integers in float: every prefix is exact, and avg's
 // quotient is the one the test computes.
-// (Its name and the next one's match collectives_verbs_emulated's filter, tests/verbs/verbs.cmake.)
+// (Its name, and the forced chain's above, match collectives_verbs_emulated's
+// filter in tests/verbs/verbs.cmake: both run over the emulated HCA too.)
 TEST_CASE("collectives: scan and exscan past the link buffers over shm, tcp and mixed nodes (ranks interleaved)") {
   const std::size_t count = 3u << 20;
   for (net how : {net::shm_only, net::tcp_only, net::mixed}) {
@@ -658,7 +659,9 @@ TEST_CASE("collectives: scan and exscan past the link buffers over shm, tcp and 
         [&](int rank, int sz) {
           auto kv = test::open_dir_store(dir.path);
           auto c = test::make_comm(*kv, rank, sz);
-          auto x_of = [](int q, std::size_t i) { return static_cast<float>((i * 13 + static_cast<std::size_t>(q) * 7) % 64); };
+          auto x_of = [](int q, std::size_t i) {
+            return static_cast<float>((i * 13 + static_cast<std::size_t>(q) * 7) % 64);
+          };
           std::vector<float> x(count), inc(count), exc(count), avg(count);
           for (std::size_t i = 0; i < count; ++i) {
             x[i] = x_of(rank, i);

@@ -622,7 +622,8 @@ TEST_CASE("kill -9 of a rank mid-collective: every survivor names the lost rank 
           std::vector<float> v(4u << 20, 1.0f);
           if (rank == 2) die_after(std::chrono::milliseconds(300));
           auto run = [&](std::size_t count) {
-            return k.scan ? c->scan(static_cast<const float*>(v.data()), v.data(), count) : c->allreduce(v.data(), count);
+            return k.scan ? c->scan(static_cast<const float*>(v.data()), v.data(), count)
+                          : c->allreduce(v.data(), count);
           };
           for (int i = 0; i < 100000; ++i) {
             status st = run(v.size());
