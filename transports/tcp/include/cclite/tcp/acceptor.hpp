@@ -48,7 +48,7 @@ class acceptor {
 
   /// Starts listening on `at` (port 0 = ephemeral); accepted sockets get
   /// set_socket_options(sockbuf, silent_s). Errors: system_error.
-  status listen(const endpoint& at, int sockbuf, int silent_s = default_silent_s) {
+  status listen(const endpoint& at, int sockbuf, int silent_s) {
     auto l = listen_on(at, sockbuf, silent_s);
     if (!l) return l.error();
     auto local = local_endpoint(l->get());

@@ -18,9 +18,9 @@
 // Probes are few: the first after 1 s of waiting, then every 2, 4, 8 ... up to
 // 30 s, and 1 s after a refusal to confirm it (two refusals in a row: lost;
 // silent probes from the first to one at least the silent limit later, 3 or
-// more: lost, at ~31 s for 25 s). A live but busy peer holds them in its accept queue until
-// its next wait_for(), which closes them without a word: a probe sends the
-// magic "CCTP" and hangs up.
+// more: lost, at ~31 s for 25 s). A live but busy peer holds them in its
+// accept queue until its next wait_for(), which closes them without a word: a
+// probe sends the magic "CCTP" and hangs up.
 #pragma once
 
 #include <poll.h>
@@ -101,7 +101,8 @@ class listener_probe {
   /// Starts the schedule of a wait that begins at `start`. `silent_limit`:
   /// how long a host may leave connections unanswered before it counts as
   /// lost, the data sockets' (socket.hpp: CCLITE_TCP_KEEPALIVE, 25 s).
-  explicit listener_probe(clock::time_point start, milliseconds silent_limit = milliseconds(default_silent_s * 1000)) noexcept
+  explicit listener_probe(clock::time_point start,
+                          milliseconds silent_limit = milliseconds(default_silent_s * 1000)) noexcept
       : next_(start + first), silent_limit_(silent_limit) {}
 
  private:

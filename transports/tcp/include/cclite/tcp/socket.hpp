@@ -174,7 +174,7 @@ inline constexpr keepalive_plan keepalive_for(int silent_s) noexcept {
 /// turns off Linux's buffer autotuning); 0 keeps the kernel's autotuning.
 /// Buffer sizes must be set before connect()/listen() to affect window scaling.
 /// `silent_s`: the silent limit above.
-inline status set_socket_options(int fd, int sockbuf, int silent_s = default_silent_s) {
+inline status set_socket_options(int fd, int sockbuf, int silent_s) {
   int one = 1;
   if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0 ||
       ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0) {
@@ -210,7 +210,7 @@ inline result<socket_fd> make_socket(int family) {
 }
 
 /// A non-blocking listening socket on `at` (port 0 = ephemeral).
-inline result<socket_fd> listen_on(const endpoint& at, int sockbuf, int silent_s = default_silent_s) {
+inline result<socket_fd> listen_on(const endpoint& at, int sockbuf, int silent_s) {
   auto s = make_socket(at.family());
   if (!s) return s.error();
   int one = 1;
