@@ -165,6 +165,130 @@ void expect_p2p_mismatch(int size, net n, const char* what, int receiver,
 }
 }  // namespace
 
+// Rooted calls and scans let their call headers ride with their data
+// (mismatch.hpp, headers_ride_with_data): a rank that only sends leaves at
+// once. Mismatches that leave two ranks each waiting for the other, which
+// then see no header at all, are found through the store well before the
+// deadline; a rank that left early finds a peer's stray bytes at its next
+// call, or at close. 4096 floats: the links, over shm as over tcp.
+TEST_CASE("rooted calls on the links: ranks that wait for each other see the mismatch, ranks that left early at their next call") {
+  constexpr std::size_t count = 4096;
+  for (net n : {net::shm_only, net::tcp_only}) {
+    for (int size : {2, 3}) {
+      run_mismatch_job(size, n, "gather, each rank its own root", [&](int rank, default_communicator& c) {
+        std::vector<float> mine(count, 1.0f), all(count * static_cast<std::size_t>(size));
+        status st = c.gather(mine.data(), all.data(), count, dtype::float32, rank);
+        if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d: got %s\n", rank, st.to_string().c_str());
+        MP_CHECK(st.code() == errc::mismatch);
+        MP_CHECK(contains(st, "gather(count=4096, float, root="));
+        MP_CHECK(c.barrier().code() == errc::mismatch);
+        return 0;
+      });
+      run_mismatch_job(size, n, "broadcast, each naming the next rank as root", [&](int rank, default_communicator& c) {
+        std::vector<float> v(count, float(rank));
+        status st = c.broadcast(v.data(), count, (rank + 1) % size);
+        if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d: got %s\n", rank, st.to_string().c_str());
+        MP_CHECK(st.code() == errc::mismatch);
+        MP_CHECK(contains(st, "broadcast(count=4096, float, root="));
+        MP_CHECK(c.barrier().code() == errc::mismatch);
+        return 0;
+      });
+    }
+    // Both ranks only send: rank 0 is its broadcast's root, rank 1 a reduce's
+    // non-root. Both calls succeed; each rank's next call (a second broadcast
+    // of rank 0's, which reads nothing either) finds the other's bytes.
+    // Then the same as the job's last call: closing logs it.
+    for (bool last : {false, true}) {
+      test::temp_dir dir;
+      const std::string logs = dir.path + "/log.%r";
+      auto r = test::run_ranks(
+          2,
+          [&](int rank, int sz) {
+            auto kv = test::open_dir_store(dir.path);
+            auto c = test::make_comm(*kv, rank, sz);
+            std::vector<float> v(count, 1.0f), out(count);
+            MP_REQUIRE_OK(rank == 0 ? c->broadcast(v.data(), count, 0)
+                                    : c->reduce(v.data(), out.data(), count, dtype::float32, reduce_op::sum, 0));
+            // Each rank's bytes are with the other before either calls again.
+            MP_REQUIRE_OK(kv->set("test/sent/" + std::to_string(rank), "1"));
+            MP_REQUIRE_OK(kv->get("test/sent/" + std::to_string(1 - rank), deadline::after(std::chrono::seconds(30))));
+            if (last) {
+              c.reset();
+              return 0;
+            }
+            status st = rank == 0 ? c->broadcast(v.data(), count, 0)
+                                  : c->reduce(v.data(), out.data(), count, dtype::float32, reduce_op::sum, 0);
+            if (st.code() != errc::mismatch) std::fprintf(stderr, "rank %d: got %s\n", rank, st.to_string().c_str());
+            MP_CHECK(st.code() == errc::mismatch);
+            // Its own finding, or the other rank's if that one recorded first.
+            MP_CHECK(contains(st, "called broadcast(count=4096, float, root=0)"));
+            MP_CHECK(contains(st, "called reduce(count=4096, float, sum, root=0)"));
+            MP_CHECK(contains(st, "found after this rank had left that call"));
+            MP_CHECK(c->barrier().code() == errc::mismatch);
+            return 0;
+          },
+          std::chrono::seconds(60), [&](int rank) {
+            test::set_net_env(n, rank, 2);
+            ::setenv("CCLITE_DEBUG_FILE", logs.c_str(), 1);
+          });
+      INFO(test::to_string(n), last ? ", at close: " : ", next call: ", r.describe());
+      CHECK(r.all_ok());
+      for (int rank = 0; last && rank < 2; ++rank) {
+        std::string log;
+        if (std::FILE* f = std::fopen((dir.path + "/log." + std::to_string(rank)).c_str(), "r")) {
+          char buf[4096];
+          for (std::size_t got; (got = std::fread(buf, 1, sizeof buf, f)) > 0;) log.append(buf, got);
+          std::fclose(f);
+        }
+        INFO(test::to_string(n), ", rank ", rank, "'s log:\n", log);
+        CHECK(log.find("closing the communicator: mismatch: ") != std::string::npos);
+        CHECK(log.find("found after this rank had left that call") != std::string::npos);
+      }
+    }
+  }
+}
+
+// The other side of the above: ranks that wait long for a slow root ask the
+// store, find nothing wrong, and go on; no byte of that is left in any link.
+TEST_CASE("rooted calls on the links: a slow root is waited for, and what follows is unaffected") {
+  for (net n : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        3,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          std::vector<float> v(4096), all(3 * 4096);
+          for (int round = 0; round < 3; ++round) {
+            if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others wait
+            for (std::size_t i = 0; i < v.size(); ++i) v[i] = rank == 0 ? float(round * 10000 + int(i)) : -1.0f;
+            MP_REQUIRE_OK(c->broadcast(v.data(), v.size(), 0));
+            for (std::size_t i = 0; i < v.size(); ++i) MP_CHECK(v[i] == float(round * 10000 + int(i)));
+            if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the root waits
+            for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(rank + i);
+            MP_REQUIRE_OK(c->gather(v.data(), all.data(), v.size(), dtype::float32, 0));
+            for (std::size_t i = 0; rank == 0 && i < all.size(); ++i) MP_CHECK(all[i] == float(i / 4096 + i % 4096));
+          }
+          // Point to point, a small call and a ring call after them: nothing stray.
+          float x = float(rank), y = -1;
+          if (rank == 0) MP_REQUIRE_OK(c->send(&x, 1, dtype::float32, 1));
+          if (rank == 1) {
+            MP_REQUIRE_OK(c->recv(&y, 1, dtype::float32, 0));
+            MP_CHECK(y == 0.0f);
+          }
+          MP_REQUIRE_OK(c->allreduce(&x, 1));
+          MP_CHECK(x == 3.0f);
+          std::vector<float> big(1u << 18, 1.0f);
+          MP_REQUIRE_OK(c->allreduce(big.data(), big.size()));
+          MP_CHECK(big[12345] == 3.0f);
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) { test::set_net_env(n, rank, 3); });
+    INFO(test::to_string(n), ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
 TEST_CASE("ranks that differ in a setting that chooses algorithms fail at set-up, every one naming it") {
   // Unchecked, rank 2 ran a tree allreduce where the others ran the ring, and
   // every rank waited for the others until the deadline.

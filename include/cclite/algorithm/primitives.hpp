@@ -206,6 +206,26 @@ class primitives {
     return {};
   }
 
+  /// Whether a byte from prev can be read now (without waiting).
+  bool prev_has_data() { return !prev_.recv_peek().empty(); }
+
+  /// Waits as a verb does (both links progressed) until a byte from prev can
+  /// be read or `by` passes, whichever comes first: ok either way. Errors:
+  /// prev's link, the call's deadline. For a caller that has something to do
+  /// when a peer is slow (checked_primitives: a call header that is late).
+  status await_prev(deadline by) {
+    if (prev_has_data()) return {};
+    const deadline whole = until_;
+    until_ = deadline::min(by, whole);
+    int idle = 0;
+    status st;
+    while (st.ok() && !prev_has_data() && !until_.expired()) st = stall(true, false, wait_for::recv, idle);
+    until_ = whole;
+    stalled_ = false;
+    if (st.code() == errc::timeout && !whole.expired()) return {};  // `by` came first
+    return st;
+  }
+
   /// Pads both streams to a multiple of max_dtype_size so the next collective,
   /// whatever its dtype, starts element-aligned (see transport/concept.hpp).
   status finish() {

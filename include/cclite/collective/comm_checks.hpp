@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -42,26 +43,100 @@ class comm_checks : public comm_core<Transports...> {
   // does not find the names these using-declarations bring in there.)
 
   // Starts the header exchange of collective `h` (mismatch.hpp): our header
-  // goes to the ring successor now, whatever the algorithm.
-  status begin_checks(const call_header& h, deadline until) {
+  // goes to the ring successor now, whatever the algorithm; or, for a call
+  // whose headers ride with its data (`riding`: headers_ride_with_data), only
+  // ahead of the first byte we send on each link.
+  status begin_checks(const call_header& h, bool riding, deadline until) {
     hdr_.out = hdr_.expect = h;
     hdr_.active = true;
     hdr_.knows_culprit = false;
+    hdr_.riding = riding;
+    hdr_.overdue = &header_overdue;
+    hdr_.overdue_ctx = this;
+    if (riding) return {};
     const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
     return with_links(prev, next, 1, nullptr, until, [&](auto& pr) { return pr.send_header(); });
   }
 
   // Ends it: the ring predecessor's header must have come (an algorithm that
   // never read from it, e.g. the root of a broadcast, checks it here), and
-  // whatever we queued on the ring successor is flushed.
-  status end_checks(deadline until) {
+  // whatever we queued on the ring successor is flushed. A riding call that
+  // read nothing from the predecessor leaves without its header: a later
+  // header from it shows whether it sent anything here (probe_unchecked).
+  status end_checks(bool riding, deadline until) {
     const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
+    const bool unread = riding && hdr_seen_[static_cast<std::size_t>(prev)] != hdr_.expect.seq;
     status st = with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
-      CCLITE_TRY(pr.check_prev());
+      if (!unread) CCLITE_TRY(pr.check_prev());
       return pr.finish();
     });
+    if (unread && st.ok()) {
+      hdr_.unchecked = hdr_.expect;
+      hdr_.unchecked_peer = prev;
+    }
     hdr_.active = false;
     return st;
+  }
+
+  // header_state::overdue: in a riding call this rank has waited a while for
+  // `peer`'s header. If the peer's call differs so that it waits for this
+  // rank in turn (each passed itself as a gather's root, or each the other
+  // as a broadcast's), neither sends and neither would see the other's
+  // header before the deadline. So each posts its call's header in the store
+  // (once per call, "callhdr/<rank>") and reads the one the peer posted: one
+  // for this call's number that differs is the mismatch. A peer that is only
+  // slow has posted nothing for this call, or the same header. Store trouble
+  // is not an error here: the wait goes on as it would without the store.
+  static status header_overdue(void* self, int peer) {
+    return static_cast<comm_checks*>(self)->compare_posted_headers(peer);
+  }
+CCLITE_SETUP_CODE_BEGIN  // off the fast path: compiled for size (config.hpp)
+  status compare_posted_headers(int peer) {
+    const deadline reply_by = deadline::after(milliseconds(1000));
+    std::uint8_t b[call_header::wire_bytes];
+    char hex[2 * sizeof b + 1];
+    if (posted_seq_ != hdr_.expect.seq) {
+      hdr_.expect.encode(b);
+      for (std::size_t i = 0; i < sizeof b; ++i) std::snprintf(hex + 2 * i, 3, "%02x", b[i]);
+      if (!kv_->set_within("callhdr/" + std::to_string(rank_), std::string(hex, 2 * sizeof b), reply_by).ok())
+        return {};
+      posted_seq_ = hdr_.expect.seq;
+    }
+    auto got = kv_->get_within("callhdr/" + std::to_string(peer), deadline::after(milliseconds(0)), reply_by);
+    if (!got || got.value().size() != 2 * sizeof b) return {};
+    for (std::size_t i = 0; i < sizeof b; ++i) {
+      unsigned v = 0;
+      if (std::sscanf(got.value().c_str() + 2 * i, "%2x", &v) != 1) return {};
+      b[i] = static_cast<std::uint8_t>(v);
+    }
+    const call_header theirs = call_header::decode(b);
+    if (theirs.seq != hdr_.expect.seq || theirs == hdr_.expect) return {};
+    const status m = mismatch_error(hdr_.expect, rank_, theirs, peer);
+    return status(errc::mismatch, m.message() + " (seen through the store: each waited for the other's data)");
+  }
+CCLITE_SETUP_CODE_END
+
+  // At the start of every call after a call left unchecked (end_checks):
+  // bytes from that peer now either start a later call of its own, or are
+  // what it sent in that call, which no rank there expected: a mismatch,
+  // reported here rather than at the next read from the peer, which may be
+  // many calls away (a root that broadcasts again and again). Never blocks;
+  // until something has come, the watch goes on.
+  status probe_unchecked() {
+    const int prev = hdr_.unchecked_peer;
+    if (prev < 0) return {};
+    return std::visit([&](auto& l) -> status {
+      if constexpr (std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) {
+        return {};
+      } else {
+        (void)l.poll();  // a broken link is the business of the call that uses it
+        const_bytes b = l.recv_peek();
+        if (b.size < call_header::wire_bytes) return {};  // nothing yet, or a header split by the ring's wrap
+        const call_header theirs = call_header::decode(b.data);
+        if (!stray_of_unchecked(this->hdr_, theirs, prev)) return {};
+        return unchecked_mismatch(this->hdr_, this->rank_, theirs, prev);
+      }
+    }, link_at(prev));
   }
 
   // Before a collective runs other communicators' calls over the same links
@@ -87,7 +162,10 @@ class comm_checks : public comm_core<Transports...> {
     if (size_ < 2) return {};
     const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
     return with_links(prev, next, 1, nullptr, until, [&](auto& pr) -> status {
-      if (hdr_.active) CCLITE_TRY(pr.check_prev());
+      if (hdr_.active) {  // a call whose headers ride with its data has not sent its own yet
+        CCLITE_TRY(pr.send_header());
+        CCLITE_TRY(pr.check_prev());
+      }
       std::uint8_t token[max_dtype_size] = {};
       for (int lap = 0; lap < size_ - 1; ++lap) {
         CCLITE_TRY(pr.send(token, sizeof token));
@@ -121,8 +199,11 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
   // After a timeout: if the ring predecessor's header has not arrived, that
   // rank never entered this collective, the most useful thing to report. If
   // it has arrived, check it (a mismatch explains the hang too). Never blocks.
+  // Not for a call whose headers ride with its data: there the predecessor
+  // may owe this rank nothing, and the wait's own error names the peer it
+  // waited for.
   status explain_timeout(status st) {
-    if (!hdr_.active || size_ < 2) return st;
+    if (!hdr_.active || size_ < 2 || hdr_.riding) return st;
     const int prev = topo_.ring_prev(rank_);
     if (hdr_seen_[static_cast<std::size_t>(prev)] == hdr_.expect.seq) return st;
     const std::string who = peers_[static_cast<std::size_t>(prev)].describe();
@@ -280,6 +361,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 CCLITE_SETUP_CODE_END
 
   bool fault_spread_ = false;  // spread_failure() ran: once per communicator
+  std::uint64_t posted_seq_ = ~std::uint64_t{0};  // the call whose header this rank posted (header_overdue)
   std::vector<int> agreed_sites_;  // agree_before_connecting()'s sites and roots so far
 };
 

@@ -50,13 +50,18 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   /// At close, an eager last small call is checked as a next call would
   /// (comm_shared.hpp, settle_small), so that a job whose last call was
   /// mismatched there (every rank passed itself as the broadcast's root)
-  /// still hears of it: logged, since a destructor returns nothing.
+  /// still hears of it: logged, since a destructor returns nothing. The same
+  /// for a last call on the links that this rank left without its ring
+  /// predecessor's header (comm_checks::probe_unchecked), as far as the
+  /// peer's bytes have come by then: nothing may come, so it cannot wait.
   void settle_before_close() {
-    if (!check_mismatch_ || !this->small_unsettled() || !broken_.ok() || aborted_.load()) return;
+    if (!check_mismatch_ || !broken_.ok() || aborted_.load()) return;
+    if (!this->small_unsettled() && hdr_.unchecked_peer < 0) return;
     const deadline until = deadline::after(timeout());
     std::unique_lock<std::mutex> hold(pool_->busy, std::defer_lock);
     if (!nested_ && !hold_links(hold, until).ok()) return;
-    const status st = this->settle_small(until);
+    status st = this->small_unsettled() ? this->settle_small(until) : status();
+    if (st.ok()) st = this->probe_unchecked();  // what has come by now (it cannot wait: nothing may come)
     if (!st.ok()) CCLITE_WARN(log_, "rank %d: closing the communicator: %s", rank_, st.to_string().c_str());
   }
 
@@ -122,6 +127,11 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
   // dispatch() between the call-header exchange with the ring neighbours
   // (collective/mismatch.hpp); `started` = our header went out.
   status dispatch_checked(const op_desc& d, bool& started, deadline until) {
+    if (CCLITE_UNLIKELY(hdr_.unchecked_peer >= 0) && check_mismatch_) {
+      started = true;  // a mismatch of an earlier call: fatal, spread like the rest
+      CCLITE_TRY(this->probe_unchecked());
+      started = false;
+    }
     if (this->small_direct_ready(d)) {  // no link traffic: the header rides with the data
       started = true;
       detail::call_header h;
@@ -141,9 +151,10 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     started = true;
     detail::call_header h = detail::make_call_header(d, size_, ++coll_seq_, comm_id_);
     if (this->window_call(d)) h.aux = detail::call_header::window_flag;  // a path of its own
-    status st = this->begin_checks(h, until);
+    const bool riding = detail::headers_ride_with_data(d.kind);
+    status st = this->begin_checks(h, riding, until);
     if (st.ok()) st = dispatch(d, until);
-    if (st.ok()) st = this->end_checks(until);
+    if (st.ok()) st = this->end_checks(riding, until);
     if (st.code() == errc::timeout) st = this->explain_timeout(std::move(st));
     hdr_.active = false;
     return st;

@@ -16,6 +16,17 @@
 // only once its ring predecessor entered it. CCLITE_CHECK_MISMATCH=0 turns it
 // off (then a mismatch hangs until the deadline or corrupts, as in NCCL).
 //
+// Rooted collectives and scans skip the ring neighbours' exchange: their
+// headers ride with their data only (headers_ride_with_data), so a rank that
+// only sends (a broadcast's root) leaves once its data is out and the others
+// send no header that nobody reads (over tcp a second message per call). A
+// rank that reads still checks every sender first; a rank that only sent has
+// no output to spoil and finds a mismatch at its next call (the odd peer's
+// bytes where none belong) or at close; and two ranks that wait for each
+// other, seeing no header at all, compare their calls through the store
+// (comm_checks::header_overdue) after a short wait instead of waiting for
+// the deadline.
+//
 // Calls that skip the links compare the header where their data is: the
 // shm-direct allreduce and the shared windows in the group's segments, and
 // shm-direct's small allreduce (comm_shared.hpp) in the slot beside its data,
@@ -39,6 +50,7 @@
 
 #include <cclite/config.hpp>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
@@ -48,6 +60,7 @@
 #include <cclite/algorithm/p2p_envelope.hpp>
 #include <cclite/collective/op.hpp>
 #include <cclite/core/bytes.hpp>
+#include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/status.hpp>
 
@@ -226,7 +239,68 @@ struct header_state {
   std::uint64_t* seen = nullptr;  ///< [peer] = seq of the last header checked from it
   bool active = false;            ///< false: checking off, or a point-to-point call
   bool knows_culprit = false;     ///< a timeout found the rank that never called
+  bool riding = false;            ///< this call's headers ride with its data only
+  /// The last collective this rank left without its ring predecessor's header
+  /// (a call whose headers ride with its data and which read nothing from
+  /// that peer: headers_ride_with_data), until a later header from the peer
+  /// shows that it sent nothing here in that call.
+  call_header unchecked;
+  int unchecked_peer = -1;  ///< -1: none pending
+  /// Called while a call whose headers ride with its data has waited
+  /// header_wait_slice for `peer`'s header, and again after each further
+  /// slice (comm_checks::header_overdue); an error ends the wait.
+  status (*overdue)(void* ctx, int peer) = nullptr;
+  void* overdue_ctx = nullptr;
 };
+
+/// How long a rank of a riding call waits for a peer's header before it asks
+/// the store whether that peer is waiting too, in another call
+/// (comm_checks::header_overdue); each later wait is twice as long, up to
+/// header_wait_max (a thousand ranks waiting for a slow root ask the store
+/// about a thousand times a second, not twenty thousand).
+inline constexpr milliseconds header_wait_slice{50};
+inline constexpr milliseconds header_wait_max{1600};
+
+/// Collectives whose call headers travel only ahead of their data, without
+/// the ring neighbours' exchange of every other collective (begin_checks /
+/// end_checks in comm_checks.hpp): the rooted ones and the prefix reductions,
+/// in which a rank may only send (a broadcast's or scatter's root; the other
+/// ranks of a reduce or gather; a scan's first rank) and so leaves as soon as
+/// its data is out, without waiting for a header of a peer that sends it
+/// nothing (over tcp that header was a second message per call and rank:
+/// 11-15 us per small broadcast against 8-10 without it, docs/performance.md
+/// "Session 36"). A rank that reads checks the header of every peer it reads
+/// from before any of its data, so its output is never built from a
+/// mismatched call; a rank that only sends has no output to spoil, and hears
+/// of a mismatch at its next call, which finds the odd peer's bytes where
+/// none belong (check_header, comm_checks::probe_unchecked), or from the
+/// rank that saw it (spread_failure).
+inline bool headers_ride_with_data(collective_kind k) {
+  return call_header::rooted(k) || k == collective_kind::scan || k == collective_kind::exscan;
+}
+
+/// The mismatch a rank finds after it left collective h.unchecked without
+/// `peer`'s header: `theirs` came from the peer in that call's place.
+CCLITE_SETUP_CODE_BEGIN
+inline status unchecked_mismatch(const header_state& h, int self, const call_header& theirs, int peer) {
+  const status m = mismatch_error(h.unchecked, self, theirs, peer);
+  return status(errc::mismatch, m.message() + " (found after this rank had left that call: it read nothing from rank " +
+                                    std::to_string(peer) + " there, as the root of a broadcast or scatter and the "
+                                    "other ranks of a reduce or gather do, and rank " + std::to_string(peer) +
+                                    " sent it data)");
+}
+CCLITE_SETUP_CODE_END
+
+/// Whether `theirs`, from `peer`, belongs to the collective this rank left
+/// unchecked (h.unchecked): then the peer sent data this rank did not expect.
+/// Any other header from the peer ends the watch (the stream is in order, so
+/// nothing of that call can follow it).
+inline bool stray_of_unchecked(header_state& h, const call_header& theirs, int peer) {
+  if (h.unchecked_peer != peer) return false;
+  h.unchecked_peer = -1;
+  return theirs.magic == call_header::magic_value && theirs.comm == h.unchecked.comm &&
+         theirs.seq == h.unchecked.seq;
+}
 
 /// Reads and checks `prev`'s header through primitives `p` (32 bytes).
 template <class Prims>
@@ -236,6 +310,7 @@ status check_header(Prims& p, header_state& h, int self, int prev) {
   if (!st.ok()) return st;
   h.seen[prev] = h.expect.seq;
   const call_header theirs = call_header::decode(in);
+  if (stray_of_unchecked(h, theirs, prev)) return unchecked_mismatch(h, self, theirs, prev);
   if (theirs != h.expect) return mismatch_error(h.expect, self, theirs, prev);
   return {};
 }
@@ -244,9 +319,10 @@ status check_header(Prims& p, header_state& h, int self, int prev) {
 /// before its first byte to `next`, and check `prev`'s header before the first
 /// byte they consume from it, once per collective and direction. Forwards
 /// every verb of primitives<P, N> (algorithm/primitives.hpp). The ring
-/// neighbours exchange headers in every collective (comm_checks::begin_checks /
-/// end_checks), whatever the algorithm, so at least one rank of any
-/// disagreeing pair sees it.
+/// neighbours exchange headers in every collective but the riding ones
+/// (comm_checks::begin_checks / end_checks), whatever the algorithm, so at
+/// least one rank of any disagreeing pair sees it; in a riding call a header
+/// that is long in coming is looked for in the store as well (h->overdue).
 template <class Prims>
 class checked_primitives {
  public:
@@ -324,6 +400,17 @@ class checked_primitives {
   }
   status in(std::size_t bytes) {
     if (!needs_check(bytes)) return {};
+    // A riding call's peer sends its header only with data it sends us. Two
+    // ranks whose calls differ so that each waits for the other (each its own
+    // gather's root) would wait for their deadline: after each slice, the
+    // overdue hook compares calls through the store instead.
+    if (h_->riding && h_->overdue) {
+      for (milliseconds slice = header_wait_slice;; slice = std::min(slice * 2, header_wait_max)) {
+        CCLITE_TRY(p_.await_prev(deadline::after(slice)));
+        if (p_.prev_has_data()) break;
+        CCLITE_TRY(h_->overdue(h_->overdue_ctx, prev_));
+      }
+    }
     return check_header(p_, *h_, self_, prev_);
   }
 
