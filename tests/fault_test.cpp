@@ -248,6 +248,42 @@ TEST_CASE("rooted calls on the links: ranks that wait for each other see the mis
   }
 }
 
+// A root that broadcast twice before the odd rank's bytes of the first call
+// came still finds them (it watches every call it left unchecked, not only
+// the last).
+TEST_CASE("rooted calls on the links: a root that called again before the odd rank's bytes came still finds them") {
+  for (net n : {net::shm_only, net::tcp_only}) {
+    test::temp_dir dir;
+    auto r = test::run_ranks(
+        2,
+        [&](int rank, int sz) {
+          auto kv = test::open_dir_store(dir.path);
+          auto c = test::make_comm(*kv, rank, sz);
+          std::vector<float> v(4096, 1.0f), out(4096);
+          const auto wait_for = [&](const char* key) { return kv->get(key, deadline::after(std::chrono::seconds(30))); };
+          if (rank == 0) {
+            MP_REQUIRE_OK(c->broadcast(v.data(), v.size(), 0));
+            MP_REQUIRE_OK(c->broadcast(v.data(), v.size(), 0));
+            MP_REQUIRE_OK(kv->set("test/two", "1"));
+            MP_REQUIRE_OK(wait_for("test/sent"));
+            status st = c->broadcast(v.data(), v.size(), 0);
+            if (st.code() != errc::mismatch) std::fprintf(stderr, "rank 0: got %s\n", st.to_string().c_str());
+            MP_CHECK(st.code() == errc::mismatch);
+            MP_CHECK(contains(st, "called reduce(count=4096, float, sum, root=0)"));
+            return 0;
+          }
+          MP_REQUIRE_OK(wait_for("test/two"));  // rank 0 has left two broadcasts by now
+          MP_REQUIRE_OK(c->reduce(v.data(), out.data(), v.size(), dtype::float32, reduce_op::sum, 0));
+          MP_REQUIRE_OK(kv->set("test/sent", "1"));
+          MP_CHECK(c->barrier().code() == errc::mismatch);
+          return 0;
+        },
+        std::chrono::seconds(60), [&](int rank) { test::set_net_env(n, rank, 2); });
+    INFO(test::to_string(n), ": ", r.describe());
+    CHECK(r.all_ok());
+  }
+}
+
 // The other side of the above: ranks that wait long for a slow root ask the
 // store, find nothing wrong, and go on; no byte of that is left in any link.
 TEST_CASE("rooted calls on the links: a slow root is waited for, and what follows is unaffected") {

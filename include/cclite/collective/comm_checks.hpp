@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -71,6 +72,7 @@ class comm_checks : public comm_core<Transports...> {
       return pr.finish();
     });
     if (unread && st.ok()) {
+      if (hdr_.unchecked_peer < 0) hdr_.unchecked_from = hdr_.expect.seq;  // else still watching earlier ones
       hdr_.unchecked = hdr_.expect;
       hdr_.unchecked_peer = prev;
     }
@@ -87,7 +89,13 @@ class comm_checks : public comm_core<Transports...> {
   // for this call's number that differs is the mismatch. A peer that is only
   // slow has posted nothing for this call, or the same header. Store trouble
   // is not an error here: the wait goes on as it would without the store.
+  // A store object serves one thread at a time (store.hpp) and independent
+  // communicators may share one: their waits take turns (a slice whose turn
+  // is taken skips asking).
   static status header_overdue(void* self, int peer) {
+    static std::mutex turn;
+    std::unique_lock<std::mutex> mine(turn, std::try_to_lock);
+    if (!mine.owns_lock()) return {};
     return static_cast<comm_checks*>(self)->compare_posted_headers(peer);
   }
 CCLITE_SETUP_CODE_BEGIN  // off the fast path: compiled for size (config.hpp)

@@ -240,11 +240,14 @@ struct header_state {
   bool active = false;            ///< false: checking off, or a point-to-point call
   bool knows_culprit = false;     ///< a timeout found the rank that never called
   bool riding = false;            ///< this call's headers ride with its data only
-  /// The last collective this rank left without its ring predecessor's header
-  /// (a call whose headers ride with its data and which read nothing from
-  /// that peer: headers_ride_with_data), until a later header from the peer
-  /// shows that it sent nothing here in that call.
+  /// The collectives this rank left without its ring predecessor's header
+  /// (calls whose headers ride with their data and which read nothing from
+  /// that peer: headers_ride_with_data), numbers unchecked_from up to
+  /// unchecked.seq, until a header from the peer shows that it sent nothing
+  /// here in them. (Several, when a root broadcasts again before its peer's
+  /// bytes of the first could have come.)
   call_header unchecked;
+  std::uint64_t unchecked_from = 0;
   int unchecked_peer = -1;  ///< -1: none pending
   /// Called while a call whose headers ride with its data has waited
   /// header_wait_slice for `peer`'s header, and again after each further
@@ -291,15 +294,15 @@ inline status unchecked_mismatch(const header_state& h, int self, const call_hea
 }
 CCLITE_SETUP_CODE_END
 
-/// Whether `theirs`, from `peer`, belongs to the collective this rank left
-/// unchecked (h.unchecked): then the peer sent data this rank did not expect.
-/// Any other header from the peer ends the watch (the stream is in order, so
-/// nothing of that call can follow it).
+/// Whether `theirs`, from `peer`, belongs to a collective this rank left
+/// unchecked (h.unchecked_from .. h.unchecked.seq): then the peer sent data
+/// this rank did not expect. Any header from the peer ends the watch (the
+/// stream is in order: one of a later call means nothing came for those).
 inline bool stray_of_unchecked(header_state& h, const call_header& theirs, int peer) {
   if (h.unchecked_peer != peer) return false;
   h.unchecked_peer = -1;
   return theirs.magic == call_header::magic_value && theirs.comm == h.unchecked.comm &&
-         theirs.seq == h.unchecked.seq;
+         theirs.seq >= h.unchecked_from && theirs.seq <= h.unchecked.seq;
 }
 
 /// Reads and checks `prev`'s header through primitives `p` (32 bytes).
