@@ -52,9 +52,7 @@ class comm_checks : public comm_core<Transports...> {
     hdr_.active = true;
     hdr_.knows_culprit = false;
     hdr_.riding = riding;
-    hdr_.overdue = &header_overdue;
-    hdr_.overdue_ctx = this;
-    if (riding) return {};
+    if (riding) return {};  // (the overdue hook: set_overdue_hook, by the riding kinds' code)
     const int prev = topo_.ring_prev(rank_), next = topo_.ring_next(rank_);
     return with_links(prev, next, 1, nullptr, until, [&](auto& pr) { return pr.send_header(); });
   }
@@ -92,6 +90,13 @@ class comm_checks : public comm_core<Transports...> {
   // A store object serves one thread at a time (store.hpp) and independent
   // communicators may share one: their waits take turns (a slice whose turn
   // is taken skips asking).
+  // Set by the code of the riding kinds only (comm_dispatch::dispatch_kind),
+  // so that a program that never makes a rooted call or a scan does not
+  // compile the store's part in it.
+  void set_overdue_hook() {
+    hdr_.overdue = &header_overdue;
+    hdr_.overdue_ctx = this;
+  }
   static status header_overdue(void* self, int peer) {
     static std::mutex turn;
     std::unique_lock<std::mutex> mine(turn, std::try_to_lock);

@@ -204,6 +204,7 @@ class comm_dispatch : public comm_shared<Transports...>, public op_executor {
     const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / elem);
     const std::size_t bytes = d.count * elem;
     auto ring = [&](auto&& fn) { return this->with_links(prev, next, elem, &red, until, fn); };
+    if constexpr (detail::headers_ride_with_data(K)) this->set_overdue_hook();
     if constexpr (K == ck::allreduce) {
       if (n == 1) return local_copy(send, recv, bytes);
       if (this->small_direct(d)) return run_small<K>(d, until);

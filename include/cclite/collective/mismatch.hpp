@@ -171,7 +171,7 @@ CCLITE_SETUP_CODE_BEGIN  // error messages: compiled for size (config.hpp)
 CCLITE_SETUP_CODE_END
 
   static bool reduces(collective_kind k) { return cclite::reduces(k); }
-  static bool rooted(collective_kind k) {
+  static constexpr bool rooted(collective_kind k) {
     return k == collective_kind::broadcast || k == collective_kind::reduce || k == collective_kind::gather ||
            k == collective_kind::scatter || k == collective_kind::gatherv || k == collective_kind::scatterv;
   }
@@ -278,7 +278,7 @@ inline constexpr milliseconds header_wait_max{1600};
 /// of a mismatch at its next call, which finds the odd peer's bytes where
 /// none belong (check_header, comm_checks::probe_unchecked), or from the
 /// rank that saw it (spread_failure).
-inline bool headers_ride_with_data(collective_kind k) {
+inline constexpr bool headers_ride_with_data(collective_kind k) {
   return call_header::rooted(k) || k == collective_kind::scan || k == collective_kind::exscan;
 }
 
