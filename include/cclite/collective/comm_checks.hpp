@@ -78,6 +78,14 @@ class comm_checks : public comm_core<Transports...> {
     return st;
   }
 
+  // The hook below, set by the code of the riding kinds only
+  // (comm_dispatch::dispatch_kind), so that a program that never makes a
+  // rooted call or a scan does not compile the store's part in it.
+  void set_overdue_hook() {
+    hdr_.overdue = &header_overdue;
+    hdr_.overdue_ctx = this;
+  }
+
   // header_state::overdue: in a riding call this rank has waited a while for
   // `peer`'s header. If the peer's call differs so that it waits for this
   // rank in turn (each passed itself as a gather's root, or each the other
@@ -90,13 +98,6 @@ class comm_checks : public comm_core<Transports...> {
   // A store object serves one thread at a time (store.hpp) and independent
   // communicators may share one: their waits take turns (a slice whose turn
   // is taken skips asking).
-  // Set by the code of the riding kinds only (comm_dispatch::dispatch_kind),
-  // so that a program that never makes a rooted call or a scan does not
-  // compile the store's part in it.
-  void set_overdue_hook() {
-    hdr_.overdue = &header_overdue;
-    hdr_.overdue_ctx = this;
-  }
   static status header_overdue(void* self, int peer) {
     static std::mutex turn;
     std::unique_lock<std::mutex> mine(turn, std::try_to_lock);
