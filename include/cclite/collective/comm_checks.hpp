@@ -13,7 +13,7 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -108,21 +108,15 @@ CCLITE_SETUP_CODE_BEGIN  // off the fast path: compiled for size (config.hpp)
   status compare_posted_headers(int peer) {
     const deadline reply_by = deadline::after(milliseconds(1000));
     std::uint8_t b[call_header::wire_bytes];
-    char hex[2 * sizeof b + 1];
-    if (posted_seq_ != hdr_.expect.seq) {
+    if (posted_seq_ != hdr_.expect.seq) {  // store values are opaque bytes: the wire form as it is
       hdr_.expect.encode(b);
-      for (std::size_t i = 0; i < sizeof b; ++i) std::snprintf(hex + 2 * i, 3, "%02x", b[i]);
-      if (!kv_->set_within("callhdr/" + std::to_string(rank_), std::string(hex, 2 * sizeof b), reply_by).ok())
-        return {};
+      const std::string mine(reinterpret_cast<const char*>(b), sizeof b);
+      if (!kv_->set_within("callhdr/" + std::to_string(rank_), mine, reply_by).ok()) return {};
       posted_seq_ = hdr_.expect.seq;
     }
     auto got = kv_->get_within("callhdr/" + std::to_string(peer), deadline::after(milliseconds(0)), reply_by);
-    if (!got || got.value().size() != 2 * sizeof b) return {};
-    for (std::size_t i = 0; i < sizeof b; ++i) {
-      unsigned v = 0;
-      if (std::sscanf(got.value().c_str() + 2 * i, "%2x", &v) != 1) return {};
-      b[i] = static_cast<std::uint8_t>(v);
-    }
+    if (!got || got.value().size() != sizeof b) return {};
+    std::memcpy(b, got.value().data(), sizeof b);
     const call_header theirs = call_header::decode(b);
     if (theirs.seq != hdr_.expect.seq || theirs == hdr_.expect) return {};
     const status m = mismatch_error(hdr_.expect, rank_, theirs, peer);

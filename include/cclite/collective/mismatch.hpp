@@ -407,7 +407,7 @@ class checked_primitives {
     // ranks whose calls differ so that each waits for the other (each its own
     // gather's root) would wait for their deadline: after each slice, the
     // overdue hook compares calls through the store instead.
-    if (h_->riding && h_->overdue) {
+    if (h_->riding && h_->overdue && !p_.prev_has_data()) {  // (with data there: no clock read)
       for (milliseconds slice = header_wait_slice;; slice = std::min(slice * 2, header_wait_max)) {
         CCLITE_TRY(p_.await_prev(deadline::after(slice)));
         if (p_.prev_has_data()) break;
