@@ -30,6 +30,7 @@
 // peeked); wait() adds timeout and aborted, which are not sticky.
 #pragma once
 
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -118,9 +119,7 @@ CCLITE_SETUP_CODE_END
       return;
     }
     committed_ += n;
-    if (eager_ != 0 && committed_ - sent_ >= eager_ && error_.ok()) {
-      for (int j = 0; j < n_ && error_.ok(); ++j) push(j);
-    }
+    if (eager_ != 0 && committed_ - sent_ >= eager_ && error_.ok()) push_all();
   }
 
   // ---- recv side -----------------------------------------------------------
@@ -148,7 +147,7 @@ CCLITE_SETUP_CODE_END
   /// recv ring, without blocking. Errors: peer_lost, system_error (sticky).
   status poll() {
     if (CCLITE_UNLIKELY(!error_.ok())) return error_;
-    for (int j = 0; j < n_ && error_.ok(); ++j) push(j);
+    push_all();
     pull_ready();
     return error_;
   }
@@ -213,7 +212,11 @@ CCLITE_SETUP_CODE_END
   int gather(std::uint64_t pos, std::uint64_t limit, std::uint8_t* ring, iovec* iov,
              std::uint64_t& want) const noexcept;
   void push(int j);
+  void push_all() {
+    for (int j = 0; j < n_ && error_.ok(); ++j) push(j);
+  }
   void pull_ready();
+  void pull_polled(const pollfd* fds);
   void pull(int j);
 
   // Waiting and errors (link_wait.hpp).

@@ -88,27 +88,38 @@ inline void link::push(int j) {
   sent_ = lo;
 }
 
-// Pulls every socket that has input. With several sockets, one zero-timeout
-// poll(2) finds the readable ones first: a recvmsg per socket that fails
-// with EAGAIN costs more (syscalls are the price of a small message, and
-// usually only one socket carries it).
+// Pulls what has arrived. The socket that carries the next byte the reader
+// needs (the block holding received_) is read first, without poll(2): a
+// message within one block travels on that socket alone, so one recvmsg is all
+// a small message costs (a poll(2) first made it two syscalls, each the price
+// of a whole small call on loopback). Only when that socket delivered up to its
+// block's end can the stream go on over the others (a large message): then one
+// zero-timeout poll(2) finds the readable ones (a recvmsg per socket that
+// fails with EAGAIN costs more). Bytes that reach another socket while this one
+// lags stay in the kernel until this one catches up (received_ cannot pass it
+// anyway) or until wait() polls every socket before it sleeps.
 inline void link::pull_ready() {
-  if (n_ == 1) {
-    pull(0);
-    return;
-  }
+  const int first = static_cast<int>((received_ / block_) % static_cast<std::uint64_t>(n_));
+  const std::uint64_t from = rpos_[first];
+  pull(first);
+  if (n_ == 1 || !error_.ok() || rpos_[first] < block_end(from)) return;
   pollfd fds[max_nsocks];
   int want = 0;
   for (int j = 0; j < n_; ++j) {
-    const bool room = rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j));
+    const bool room = j != first && rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j));
     fds[j] = pollfd{fds_[j].get(), static_cast<short>(room ? POLLIN : 0), 0};
     want += room;
   }
   if (want == 0) return;
   int r = ::poll(fds, static_cast<nfds_t>(n_), 0);
   if (r <= 0) return;  // nothing readable (or EINTR: the next call retries)
+  pull_polled(fds);
+}
+
+// Pulls the sockets a poll(2) found readable, closed or failed.
+inline void link::pull_polled(const pollfd* fds) {
   for (int j = 0; j < n_ && error_.ok(); ++j) {
-    if (fds[j].revents != 0) pull(j);
+    if (fds[j].revents & (POLLIN | POLLHUP | POLLERR)) pull(j);
   }
 }
 
