@@ -286,6 +286,80 @@ TEST_CASE("dup: connections of its own; parent and dup driven from two threads i
   dup_from_two_threads(4, net::mixed);
 }
 
+// dup() under cclite::init(): every communicator of the job reaches the same
+// store client (TCP, hosted by rank 0), and a first call of an algorithm that
+// connects on first use (gather / scatter to a root, the tree, alltoall)
+// exchanges addresses through it. Parent and dup make those first calls from
+// two threads at once, so the client must serve two threads.
+void dup_first_connections_from_two_threads(net how) {
+  const std::string port = std::to_string(test::free_port());
+  REQUIRE(port != "0");
+  constexpr int size = 4;
+  auto r = test::run_ranks(
+      size,
+      [&](int rank, int n) {
+        auto comm = cclite::init();
+        MP_REQUIRE_OK(comm);
+        auto& c = *comm.value();
+        auto d = c.dup();
+        MP_REQUIRE_OK(d);
+        std::atomic<int> bad{0};
+        auto drive = [&](default_communicator& x, std::int64_t base) {
+          for (int root = 0; root < n; ++root) {
+            std::int64_t mine = base + rank;
+            std::vector<std::int64_t> all(static_cast<std::size_t>(n), -1);
+            status st = x.gather(&mine, all.data(), 1, dtype::int64, root);
+            if (!st.ok()) {
+              std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+              ++bad;
+              return;
+            }
+            if (rank == root)
+              for (int p = 0; p < n; ++p) bad += all[static_cast<std::size_t>(p)] != base + p;
+          }
+          std::vector<std::int64_t> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
+          for (int p = 0; p < n; ++p) out[static_cast<std::size_t>(p)] = base + rank * 100 + p;
+          status st = x.alltoall(out.data(), in.data(), 1, dtype::int64);
+          if (!st.ok()) {
+            std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+            ++bad;
+            return;
+          }
+          for (int p = 0; p < n; ++p) bad += in[static_cast<std::size_t>(p)] != base + p * 100 + rank;
+          // The hierarchical allreduce builds its sub-communicators through the
+          // store (mixed: CCLITE_ALGO below), shm-direct meets there too.
+          std::vector<std::int64_t> v(4096, base + rank);
+          st = x.allreduce(v.data(), v.size(), reduce_op::sum);
+          if (!st.ok()) {
+            std::fprintf(stderr, "rank %d: %s\n", rank, st.to_string().c_str());
+            ++bad;
+            return;
+          }
+          bad += v[0] != n * base + tri(n) || v.back() != n * base + tri(n);
+        };
+        std::thread a(drive, std::ref(c), 0), b(drive, std::ref(*d.value()), 1000000);
+        a.join();
+        b.join();
+        MP_CHECK(bad == 0);
+        return bad == 0 ? 0 : 1;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(how, rank, size);
+        test::set_launch_env(rank, size, port);
+        ::setenv("CCLITE_TIMEOUT", "30", 1);
+        ::setenv("CCLITE_ALGO", how == net::mixed ? "allreduce:hier" : "", 1);
+      });
+  INFO("net ", test::to_string(how), ": ", r.describe());
+  CHECK(r.all_ok());
+}
+
+TEST_CASE("dup: parent and dup connect on first use from two threads at once (one TCP store client)") {
+  for (int round = 0; round < 3; ++round) {
+    dup_first_connections_from_two_threads(net::tcp_only);
+    dup_first_connections_from_two_threads(net::mixed);
+  }
+}
+
 // A dup() takes the parent's timeout, as set_timeout() left it: rank 1 never
 // calls, so rank 0's call on the dup ends in errc::timeout after 5 s (with
 // make_comm's 60 s it would end in peer_lost when rank 1 gives up waiting for

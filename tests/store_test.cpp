@@ -25,6 +25,7 @@
 
 #include "support/mp.hpp"
 #include "support/raw_conn.hpp"
+#include "support/store_threads.hpp"
 
 using namespace cclite;
 using cclite::tcp::chosen_interface;
@@ -218,6 +219,26 @@ TEST_CASE("tcp store semantics") {
   CHECK(c->get("late", deadline::after(milliseconds(10000))).value() == "x");
   t.join();
   CHECK(srv.value()->connections() == 2);
+}
+
+// cclite calls a store from several threads at once (store.hpp): a TCP client
+// gives a thread that finds its connection busy a spare one (store_pool.hpp).
+TEST_CASE("stores serve several threads at once") {
+  auto srv = tcp::store_server::start("127.0.0.1", 0);
+  REQUIRE_MESSAGE(srv.ok(), srv.error().to_string());
+  auto c = client_for(*srv.value());
+  test::check_threads(*c, "tcp/");
+  const std::size_t conns = srv.value()->connections();
+  CHECK(conns > 1);   // the waits had connections of their own
+  CHECK(conns <= 8);  // at most one per thread (8 threads)
+  test::check_threads(*c, "tcp-again/");
+  CHECK(srv.value()->connections() <= 8);  // the spares were kept and used again
+  memory_store m;
+  test::check_threads(m, "mem/");
+  test::temp_dir tmp;
+  auto f = file_store::open(tmp.path);
+  REQUIRE(f.ok());
+  test::check_threads(*f.value(), "file/");
 }
 
 TEST_CASE("tcp store across processes") {

@@ -23,6 +23,7 @@
 #include "support/fake_c10d.hpp"
 #include "support/mp.hpp"
 #include "support/raw_conn.hpp"
+#include "support/store_threads.hpp"
 
 using namespace cclite;
 using std::chrono::milliseconds;
@@ -177,6 +178,20 @@ TEST_CASE("torch store client: semantics in torch 1.x's and 2.x's dialect") {
       CHECK_MESSAGE(k.rfind("/" + prefix, 0) == 0, k);
     }
     CHECK(srv.keys_seen().count("/" + prefix + "late") == 1);
+  }
+}
+
+// cclite calls a store from several threads at once (store.hpp): a thread that
+// finds the connection busy gets a spare one (store_pool.hpp), which knows the
+// dialect already.
+TEST_CASE("torch store client: several threads at once") {
+  for (int server : {1, 2}) {
+    CAPTURE(server);
+    test::fake_c10d srv(server);
+    REQUIRE(srv.port() != 0);
+    auto c = open_client(srv.port(), dialect::unknown);
+    test::check_threads(*c, "threads/");
+    CHECK(srv.connections_accepted() > 1);
   }
 }
 

@@ -22,8 +22,9 @@
 // On NFS, new files may take the client's attribute-cache time (acdirmin,
 // typically a few seconds) to become visible on other nodes.
 //
-// Thread safety: one thread at a time (as for every cclite::store). Several
-// processes and several file_store objects may share a directory.
+// Thread safety: calls may come from several threads at once (each is file
+// operations of its own; temp names are unique per call). Several processes
+// and several file_store objects may share a directory.
 #pragma once
 
 #include <errno.h>
@@ -34,6 +35,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -381,7 +383,7 @@ class file_store final : public store {
   milliseconds op_timeout_;
   milliseconds poll_cap_{50};  // 5 ms on a local filesystem (open())
   std::string tag_;
-  std::uint64_t seq_ = 0;
+  std::atomic<std::uint64_t> seq_{0};  // temp names unique across threads too
 };
 
 }  // namespace cclite

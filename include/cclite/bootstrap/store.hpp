@@ -7,7 +7,13 @@
 // Values are opaque byte strings. Every blocking call takes a deadline and
 // returns errc::timeout naming the keys it was waiting for.
 //
-// Thread safety: a store object may be used from one thread at a time.
+// Thread safety: a store object may be called from several threads at once,
+// and cclite does so: a communicator's own thread (async calls), a dup()
+// another thread drives, the program itself may each meet the store (set-up
+// on first use, failures) while another waits in it. The stores cclite ships
+// allow it (the TCP clients give a thread that finds the connection busy a
+// spare connection, tcp/store_pool.hpp); a store of the program's own making
+// must too.
 #pragma once
 
 #include <cstdint>

@@ -14,7 +14,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -95,13 +94,9 @@ class comm_checks : public comm_core<Transports...> {
   // for this call's number that differs is the mismatch. A peer that is only
   // slow has posted nothing for this call, or the same header. Store trouble
   // is not an error here: the wait goes on as it would without the store.
-  // A store object serves one thread at a time (store.hpp) and independent
-  // communicators may share one: their waits take turns (a slice whose turn
-  // is taken skips asking).
+  // (Independent communicators may share the store from several threads:
+  // stores serve several threads at once, store.hpp.)
   static status header_overdue(void* self, int peer) {
-    static std::mutex turn;
-    std::unique_lock<std::mutex> mine(turn, std::try_to_lock);
-    if (!mine.owns_lock()) return {};
     return static_cast<comm_checks*>(self)->compare_posted_headers(peer);
   }
 CCLITE_SETUP_CODE_BEGIN  // off the fast path: compiled for size (config.hpp)

@@ -21,7 +21,9 @@
 // Plain non-blocking POSIX sockets (store_socket.hpp; no Asio): the client is
 // small enough to compile into every program that calls cclite::init().
 //
-// Thread safety: one thread at a time (as for every cclite::store).
+// Thread safety: calls may come from several threads at once; a call that
+// finds the connection in use by another thread runs on a spare connection
+// of its own (store_pool.hpp).
 #pragma once
 
 #include <algorithm>
@@ -36,6 +38,7 @@
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/tcp/store_auth.hpp>
+#include <cclite/tcp/store_pool.hpp>
 #include <cclite/tcp/store_protocol.hpp>
 #include <cclite/tcp/store_socket.hpp>
 
@@ -77,10 +80,44 @@ class store_client final : public cclite::bounded_store {
 
   /// Who hosts the store, as a timeout or a lost connection names it ("is
   /// rank 0 stuck or overloaded?"): "rank 0" unless told otherwise. `owner`
-  /// must outlive the client (a string literal).
-  void set_owner(const char* owner) noexcept { sock_.set_owner(owner); }
+  /// must outlive the client (a string literal). Set it before the client is
+  /// shared between threads.
+  void set_owner(const char* owner) {
+    owner_ = owner;
+    sock_.set_owner(owner);
+    pool_.each_idle([owner](store_client& c) { c.set_owner(owner); });
+  }
 
+  // Each call runs on a connection no other thread uses meanwhile (store_pool.hpp).
   status set_within(const std::string& key, const std::string& value, deadline reply_by) override {
+    return pool_.run(*this, [&](store_client& c) { return c.set_now(key, value, reply_by); });
+  }
+  result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override {
+    return pool_.run(*this, [&](store_client& c) { return c.get_now(key, until, reply_by); });
+  }
+  result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) override {
+    return pool_.run(*this, [&](store_client& c) { return c.add_now(key, delta, reply_by); });
+  }
+  status wait(const std::vector<std::string>& keys, deadline until) override {
+    return pool_.run(*this, [&](store_client& c) { return c.wait_now(keys, until); });
+  }
+  result<bool> check(const std::string& key) override {
+    return pool_.run(*this, [&](store_client& c) { return c.check_now(key); });
+  }
+
+ private:
+  friend class detail::connection_pool<store_client>;
+
+  // Another client of the same server, for a call while this one is in use;
+  // its first call connects (call()).
+  std::unique_ptr<store_client> spare() {
+    std::unique_ptr<store_client> c(new store_client(host_, port_, op_timeout_, hook_));
+    c->token_ = token_;
+    c->set_owner(owner_);
+    return c;
+  }
+
+  status set_now(const std::string& key, const std::string& value, deadline reply_by) {
     CCLITE_TRY(check_args(key, value.size()));
     proto::reply_header rh;
     std::string rv;
@@ -91,7 +128,7 @@ class store_client final : public cclite::bounded_store {
     return {};
   }
 
-  result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override {
+  result<std::string> get_now(const std::string& key, deadline until, deadline reply_by) {
     CCLITE_TRY(check_args(key, 0));
     auto t0 = clock::now();
     for (;;) {
@@ -110,7 +147,7 @@ class store_client final : public cclite::bounded_store {
     }
   }
 
-  result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) override {
+  result<std::int64_t> add_now(const std::string& key, std::int64_t delta, deadline reply_by) {
     CCLITE_TRY(check_args(key, 8));
     proto::reply_header rh;
     std::string rv;
@@ -120,7 +157,7 @@ class store_client final : public cclite::bounded_store {
     return proto::get_i64(reinterpret_cast<const std::uint8_t*>(rv.data()));
   }
 
-  status wait(const std::vector<std::string>& keys, deadline until) override {
+  status wait_now(const std::vector<std::string>& keys, deadline until) {
     auto t0 = clock::now();
     for (std::size_t i = 0; i < keys.size(); ++i) {
       CCLITE_TRY(check_args(keys[i], 0));
@@ -138,7 +175,7 @@ class store_client final : public cclite::bounded_store {
     return {};
   }
 
-  result<bool> check(const std::string& key) override {
+  result<bool> check_now(const std::string& key) {
     CCLITE_TRY(check_args(key, 0));
     proto::reply_header rh;
     std::string rv;
@@ -148,13 +185,12 @@ class store_client final : public cclite::bounded_store {
     return rv[0] != 0;
   }
 
- private:
   // Server-side waits are cut into chunks so that a lost reply or a wedged
   // server is noticed without waiting out a long (or never-ending) deadline.
   static constexpr milliseconds max_wait_chunk{30000};
 
   store_client(const std::string& host, std::uint16_t port, milliseconds op_timeout, poll_hook hook)
-      : sock_(host, port, "rank 0", hook), op_timeout_(op_timeout) {}
+      : sock_(host, port, "rank 0", hook), op_timeout_(op_timeout), host_(host), port_(port), hook_(hook) {}
 
   milliseconds grace() const { return std::min(op_timeout_, milliseconds(30000)); }
   deadline op_deadline(deadline reply_by) const { return deadline::min(reply_by, deadline::after(op_timeout_)); }
@@ -180,7 +216,7 @@ class store_client final : public cclite::bounded_store {
     for (std::size_t i = first_missing; i < keys.size(); ++i) {
       bool has = false;
       if (i > first_missing) {
-        auto r = check(keys[i]);
+        auto r = check_now(keys[i]);
         has = r.ok() && r.value();
       }
       if (has) continue;
@@ -303,6 +339,12 @@ class store_client final : public cclite::bounded_store {
   milliseconds op_timeout_;
   std::string token_;
   status fatal_;  // a refusal that makes retrying pointless; sticky
+  // What a spare client is made with (spare()).
+  std::string host_;
+  std::uint16_t port_ = 0;
+  poll_hook hook_;
+  const char* owner_ = "rank 0";
+  detail::connection_pool<store_client> pool_;
 };
 
 }  // namespace cclite::tcp

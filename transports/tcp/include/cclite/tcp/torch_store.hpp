@@ -40,7 +40,9 @@
 // fresh one. CCLITE_TORCH_STORE_PROTOCOL=1 or 2 skips the probe. A cclite
 // store at that port (its 40-byte challenge) is named as such.
 //
-// Thread safety: one thread at a time (as for every cclite::store).
+// Thread safety: calls may come from several threads at once; a call that
+// finds the connection in use by another thread runs on a spare connection
+// of its own (store_pool.hpp).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +56,7 @@
 #include <cclite/core/bytes.hpp>
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
+#include <cclite/tcp/store_pool.hpp>
 #include <cclite/tcp/store_socket.hpp>
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
@@ -87,14 +90,41 @@ class torch_store_client final : public cclite::bounded_store {
   /// The dialect found (or given).
   dialect protocol() const noexcept { return dialect_; }
 
+  // Each call runs on a connection no other thread uses meanwhile (store_pool.hpp).
   status set_within(const std::string& key, const std::string& value, deadline reply_by) override {
+    return pool_.run(*this, [&](torch_store_client& c) { return c.set_now(key, value, reply_by); });
+  }
+  result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override {
+    return pool_.run(*this, [&](torch_store_client& c) { return c.get_now(key, until, reply_by); });
+  }
+  result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) override {
+    return pool_.run(*this, [&](torch_store_client& c) { return c.add_now(key, delta, reply_by); });
+  }
+  status wait(const std::vector<std::string>& keys, deadline until) override {
+    return pool_.run(*this, [&](torch_store_client& c) { return c.wait_now(keys, until); });
+  }
+  result<bool> check(const std::string& key) override {
+    return pool_.run(*this, [&](torch_store_client& c) { return c.check_within(key, deadline::never()); });
+  }
+
+ private:
+  friend class detail::connection_pool<torch_store_client>;
+
+  // Another client of the same store, for a call while this one is in use
+  // (the dialect is known by now); its first call connects (round_trip()).
+  std::unique_ptr<torch_store_client> spare() {
+    return std::unique_ptr<torch_store_client>(
+        new torch_store_client(host_, port_, op_timeout_, prefix_.substr(1), dialect_));
+  }
+
+  status set_now(const std::string& key, const std::string& value, deadline reply_by) {
     CCLITE_TRY(check_args(key, value.size()));
     std::string q = key_query(q_set, key);
     put_string(q, value);
     return round_trip("set", key, true, op_deadline(reply_by), std::move(q), nullptr, 0, nullptr);
   }
 
-  result<std::string> get_within(const std::string& key, deadline until, deadline reply_by) override {
+  result<std::string> get_now(const std::string& key, deadline until, deadline reply_by) {
     // torch's server drops a client that gets a missing key: wait for it
     // first, or, when `until` has passed already (a get of what is there
     // now), check: a wait with no time left would be cut off before its
@@ -106,14 +136,14 @@ class torch_store_client final : public cclite::bounded_store {
         return make_error(errc::timeout, "key '%s' is not in torchrun's store at %s",
                           proto::printable(key, 80).c_str(), endpoint().c_str());
     } else {
-      CCLITE_TRY(wait({key}, deadline::min(until, reply_by)));
+      CCLITE_TRY(wait_now({key}, deadline::min(until, reply_by)));
     }
     std::string value;
     CCLITE_TRY(round_trip("get", key, true, op_deadline(reply_by), key_query(q_get, key), nullptr, 0, &value));
     return value;
   }
 
-  result<std::int64_t> add_within(const std::string& key, std::int64_t delta, deadline reply_by) override {
+  result<std::int64_t> add_now(const std::string& key, std::int64_t delta, deadline reply_by) {
     CCLITE_TRY(check_args(key, 0));
     std::string q = key_query(q_add, key);
     put_u64(q, static_cast<std::uint64_t>(delta));
@@ -127,7 +157,7 @@ class torch_store_client final : public cclite::bounded_store {
     return static_cast<std::int64_t>(get_le(v, 8));
   }
 
-  status wait(const std::vector<std::string>& keys, deadline until) override {
+  status wait_now(const std::vector<std::string>& keys, deadline until) {
     if (keys.empty()) return {};
     for (const auto& k : keys) CCLITE_TRY(check_args(k, 0));
     auto t0 = clock::now();
@@ -145,9 +175,6 @@ class torch_store_client final : public cclite::bounded_store {
                       elapsed_ms(t0), names.c_str(), endpoint().c_str());
   }
 
-  result<bool> check(const std::string& key) override { return check_within(key, deadline::never()); }
-
- private:
   result<bool> check_within(const std::string& key, deadline reply_by) {
     CCLITE_TRY(check_args(key, 0));
     std::uint8_t r = 0;
@@ -164,7 +191,12 @@ class torch_store_client final : public cclite::bounded_store {
 
   torch_store_client(const std::string& host, std::uint16_t port, milliseconds op_timeout, std::string prefix,
                      dialect d)
-      : sock_(host, port, "torchrun's agent", {}), op_timeout_(op_timeout), prefix_("/" + prefix), dialect_(d) {}
+      : sock_(host, port, "torchrun's agent", {}),
+        op_timeout_(op_timeout),
+        prefix_("/" + prefix),
+        dialect_(d),
+        host_(host),
+        port_(port) {}
 
   static long long elapsed_ms(clock::time_point t0) { return detail::elapsed_ms(t0); }
 
@@ -302,6 +334,9 @@ class torch_store_client final : public cclite::bounded_store {
   std::string prefix_;
   dialect dialect_;
   status fatal_;  // a foreign protocol: retrying is pointless; sticky
+  std::string host_;  // what a spare client is made with (spare())
+  std::uint16_t port_ = 0;
+  detail::connection_pool<torch_store_client> pool_;
 };
 
 }  // namespace cclite::tcp
