@@ -95,7 +95,8 @@ read -r ew eu < <(timed "$CXX" -std=c++17 -O2 "${tcp_defs[@]}" -I"$root/include"
 "$CXX" -std=c++17 -Os "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" -o "$tmp/hello_os" -s -pthread
 "$CXX" -std=c++17 -Os -fno-exceptions -fno-rtti "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" \
   -o "$tmp/hello_os_noexc" -s -pthread
-kib() { echo $(( ($(stat -c %s "$1") + 1023) / 1024 )); }
+# KiB with one decimal (a figure at 299.5 must not print as 300, nor 300.4 as 300)
+kib() { awk -v b="$(stat -c %s "$1")" 'BEGIN { printf "%.1f", b / 1024 }'; }
 
 # 3. memory at rest ---------------------------------------------------------------------
 cat > "$tmp/rest.cpp" <<'EOF'

@@ -82,10 +82,9 @@ class store_client final : public cclite::bounded_store {
   /// rank 0 stuck or overloaded?"): "rank 0" unless told otherwise. `owner`
   /// must outlive the client (a string literal). Set it before the client is
   /// shared between threads.
-  void set_owner(const char* owner) {
+  void set_owner(const char* owner) noexcept {
     owner_ = owner;
     sock_.set_owner(owner);
-    pool_.each_idle([owner](store_client& c) { c.set_owner(owner); });
   }
 
   // Each call runs on a connection no other thread uses meanwhile (store_pool.hpp).
@@ -106,8 +105,6 @@ class store_client final : public cclite::bounded_store {
   }
 
  private:
-  friend class detail::connection_pool<store_client>;
-
   // Another client of the same server, for a call while this one is in use;
   // its first call connects (call()).
   std::unique_ptr<store_client> spare() {
@@ -344,7 +341,9 @@ class store_client final : public cclite::bounded_store {
   std::uint16_t port_ = 0;
   poll_hook hook_;
   const char* owner_ = "rank 0";
-  detail::connection_pool<store_client> pool_;
+  detail::connection_pool pool_{[](cclite::store& self) -> std::unique_ptr<cclite::store> {
+    return static_cast<store_client&>(self).spare();
+  }};
 };
 
 }  // namespace cclite::tcp

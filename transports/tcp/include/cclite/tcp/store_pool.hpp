@@ -23,62 +23,70 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include <cclite/bootstrap/store.hpp>
 #include <cclite/config.hpp>
 
 CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite::tcp::detail {
 
-/// The spare connections of one store client (`Client`, which must have
-/// `std::unique_ptr<Client> spare()`: a client for the same server, set up as
-/// this one, not connected yet: its first call connects, as a client whose
-/// connection broke reconnects, within that call's own deadline).
-template <class Client>
+/// The spare connections of one store client. Not a template over the client
+/// (only the few lines of run() are): the pool is compiled once per program,
+/// not once per client type and call.
 class connection_pool {
  public:
-  /// fn(c) on a connection no other thread uses meanwhile: `self` if free,
-  /// else an idle spare, else a new one.
-  template <class Fn>
-  auto run(Client& self, Fn&& fn) -> decltype(fn(self)) {
-    std::unique_ptr<Client> spare;
-    bool mine = false;  // this call holds `self`
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      if (!self_busy_) {
-        self_busy_ = mine = true;
-      } else if (!idle_.empty()) {
-        spare = std::move(idle_.back());
-        idle_.pop_back();
-      }
-    }
-    if (mine) {
-      auto r = fn(self);
-      std::lock_guard<std::mutex> g(mu_);
-      self_busy_ = false;
-      return r;
-    }
-    if (spare == nullptr) spare = self.spare();
-    auto r = fn(*spare);
-    std::lock_guard<std::mutex> g(mu_);
-    idle_.push_back(std::move(spare));
-    return r;
-  }
+  /// `spare(self)`: a client for the same server, set up as `self`, not
+  /// connected yet: its first call connects, as a client whose connection
+  /// broke reconnects, within that call's own deadline.
+  using spare_fn = std::unique_ptr<cclite::store> (*)(cclite::store& self);
+  explicit connection_pool(spare_fn spare) : spare_(spare) {}
 
-  /// fn(c) on every idle spare (a setting that must reach them all; the
-  /// caller applies it to its own connection too).
-  template <class Fn>
-  void each_idle(Fn&& fn) {
-    std::lock_guard<std::mutex> g(mu_);
-    for (auto& c : idle_) fn(*c);
+  /// fn(c) on a connection no other thread uses meanwhile (`c` is `self` if
+  /// free, else an idle spare, else a new one), and its result.
+  template <class Client, class Fn>
+  auto run(Client& self, Fn&& fn) -> decltype(fn(self)) {
+    std::optional<decltype(fn(self))> r;
+    auto call = [&](cclite::store& c) { r.emplace(fn(static_cast<Client&>(c))); };
+    run_on(self, [](void* f, cclite::store& c) { (*static_cast<decltype(call)*>(f))(c); }, &call);
+    return std::move(*r);
   }
 
  private:
+  void run_on(cclite::store& self, void (*call)(void*, cclite::store&), void* ctx) {
+    std::unique_lock<std::mutex> g(mu_);
+    if (!self_busy_) {
+      self_busy_ = true;
+      g.unlock();
+      struct release {  // also when the call throws (bad_alloc)
+        connection_pool& p;
+        ~release() {
+          std::lock_guard<std::mutex> h(p.mu_);
+          p.self_busy_ = false;
+        }
+      } done{*this};
+      call(ctx, self);
+      return;
+    }
+    std::unique_ptr<cclite::store> spare;
+    if (!idle_.empty()) {
+      spare = std::move(idle_.back());
+      idle_.pop_back();
+    }
+    g.unlock();
+    if (spare == nullptr) spare = spare_(self);
+    call(ctx, *spare);
+    g.lock();
+    idle_.push_back(std::move(spare));
+  }
+
+  spare_fn spare_;
   std::mutex mu_;
   bool self_busy_ = false;
-  std::vector<std::unique_ptr<Client>> idle_;  ///< spares no call holds
+  std::vector<std::unique_ptr<cclite::store>> idle_;  ///< spares no call holds
 };
 
 }  // namespace cclite::tcp::detail

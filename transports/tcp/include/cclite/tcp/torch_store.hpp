@@ -108,8 +108,6 @@ class torch_store_client final : public cclite::bounded_store {
   }
 
  private:
-  friend class detail::connection_pool<torch_store_client>;
-
   // Another client of the same store, for a call while this one is in use
   // (the dialect is known by now); its first call connects (round_trip()).
   std::unique_ptr<torch_store_client> spare() {
@@ -336,7 +334,9 @@ class torch_store_client final : public cclite::bounded_store {
   status fatal_;  // a foreign protocol: retrying is pointless; sticky
   std::string host_;  // what a spare client is made with (spare())
   std::uint16_t port_ = 0;
-  detail::connection_pool<torch_store_client> pool_;
+  detail::connection_pool pool_{[](cclite::store& self) -> std::unique_ptr<cclite::store> {
+    return static_cast<torch_store_client&>(self).spare();
+  }};
 };
 
 }  // namespace cclite::tcp
