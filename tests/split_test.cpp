@@ -287,10 +287,13 @@ TEST_CASE("dup: connections of its own; parent and dup driven from two threads i
 }
 
 // dup() under cclite::init(): every communicator of the job reaches the same
-// store client (TCP, hosted by rank 0), and a first call of an algorithm that
-// connects on first use (gather / scatter to a root, the tree, alltoall)
-// exchanges addresses through it. Parent and dup make those first calls from
-// two threads at once, so the client must serve two threads.
+// store client (TCP, hosted by rank 0). Parent and dup make their first calls
+// from two threads at once: gathers to each root and an alltoall (links
+// connected on first use) and an allreduce whose first call meets the other
+// ranks in the store (shm-direct's segments; mixed: the hierarchical
+// algorithm's sub-communicators). Before the client served several threads,
+// the two threads' requests interleaved on its one socket: "bad reply from the
+// rendezvous store ... unknown reply status", or ranks hung.
 void dup_first_connections_from_two_threads(net how) {
   const std::string port = std::to_string(test::free_port());
   REQUIRE(port != "0");

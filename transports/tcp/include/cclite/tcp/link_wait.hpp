@@ -48,10 +48,11 @@ inline status link::progress_until(deadline until, bool needs_peer_reading, wait
   for (;;) {
     // Push first: a wait that only needed its bytes handed to the kernel (the
     // flush that ends a small call) is then done without a look at the
-    // receive side, a syscall fewer per call.
-    if (CCLITE_UNLIKELY(!error_.ok())) return error_;
+    // receive side, a syscall fewer per call. (Errors are sticky: push_all()
+    // does nothing after one.)
     push_all();
-    if (error_.ok() && done()) return {};
+    if (CCLITE_UNLIKELY(!error_.ok())) return error_;
+    if (done()) return {};
     // After a poll(2), read the sockets it found readable (a socket other
     // than the one pull_ready() reads first may be); else pull_ready().
     if (polled) {
