@@ -17,14 +17,13 @@ namespace cclite::test {
 
 /// Threads that wait on each other through `s`: thread i waits for the key
 /// thread i-1 sets (the last threads wait first), so a wait must not hold up
-/// the other threads' sets (a store serving one call at a time would stall
-/// until the deadline); meanwhile threads add to one counter and read back
+/// the other threads' sets (a store serving one call at a time stalls the
+/// chain until its gets' 20 s deadline: they fail); meanwhile threads add to one counter and read back
 /// keys of their own, each reply belonging to its own request.
 inline void check_threads(store& s, const std::string& tag) {
   constexpr int n = 4, rounds = 100;
   std::atomic<int> bad{0};
   std::vector<std::thread> chain;
-  const auto t0 = std::chrono::steady_clock::now();
   for (int i = n - 1; i >= 0; --i) {
     chain.emplace_back([&, i] {
       if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others wait by now
@@ -53,9 +52,7 @@ inline void check_threads(store& s, const std::string& tag) {
   }
   for (auto& t : chain) t.join();
   for (auto& t : busy) t.join();
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(bad == 0);
-  CHECK(secs < 15.0);  // a chain stalled until its 20 s deadline shows here (not a timing claim)
   auto total = s.add(tag + "counter", 0);
   REQUIRE(total.ok());
   CHECK(total.value() == n * rounds);
