@@ -744,6 +744,93 @@ TEST_CASE("collectives: split by color and key") {
   CHECK(r.all_ok());
 }
 
+// Overlapping send and recv buffers that are not a call's in-place form would
+// read bytes the call already overwrote: refused on the calling rank, which
+// stays usable. The in-place forms themselves run in the cases above. Every
+// case here overlaps on every rank (an error on some ranks only would leave
+// the others waiting in the call), except the rooted ones, which only the
+// root checks (the others never read or write that buffer): those run on a
+// communicator of one rank.
+TEST_CASE("collectives: overlapping send and recv buffers are refused unless in place") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(3, [&](int rank, int sz) {
+    auto kv = test::open_dir_store(dir.path);
+    auto c = test::make_comm(*kv, rank, sz);
+    const std::size_t n = static_cast<std::size_t>(sz), me = static_cast<std::size_t>(rank), k = 4;
+    std::vector<std::int32_t> buf(4 * n * k + 8, 7);
+    std::int32_t* b = buf.data();
+    auto refused = [&](const status& st, const char* in_place) {
+      if (st.code() != errc::invalid_argument || st.message().find("overlap") == std::string::npos) return false;
+      return in_place == nullptr || st.message().find(in_place) != std::string::npos;
+    };
+    MP_CHECK(refused(c->allreduce(b, b + 1, k, reduce_op::sum), "in place: send == recv"));
+    MP_CHECK(refused(c->allreduce(b + 3, b, k, dtype::int32, reduce_op::max), "send == recv"));
+    MP_CHECK(refused(c->allreduce_async(b, b + 1, k, dtype::int32, reduce_op::sum).wait(), nullptr));
+    MP_CHECK(refused(c->scan(b, b + 2, k, reduce_op::sum), "send == recv"));
+    MP_CHECK(refused(c->exscan(b + 1, b, k, reduce_op::sum), "send == recv"));
+    MP_CHECK(refused(c->alltoall(b, b + n * k - 1, k, dtype::int32), "send == recv"));
+    // allgather: only send == recv + rank() * count; one element off is refused
+    MP_CHECK(refused(c->allgather(b + me * k + 1, b, k, dtype::int32), "send == recv + rank() * count"));
+    MP_CHECK(refused(c->reduce_scatter(b, b + me * k + 1, k, reduce_op::sum), "recv == send + rank() * count"));
+    // sendrecv has no in-place form: a ring shift within one buffer is refused
+    MP_CHECK(refused(c->sendrecv(b, k, (rank + 1) % sz, b + 2, k, (rank + sz - 1) % sz, dtype::int32),
+                     "must be disjoint"));
+    MP_CHECK(refused(c->sendrecv(b, k, (rank + 1) % sz, b, k, (rank + sz - 1) % sz, dtype::int32), nullptr));
+    // v-variants: the extent of the blocks counts, not only count
+    std::vector<std::size_t> cnt(n, k), dsp(n);
+    for (std::size_t i = 0; i < n; ++i) dsp[i] = i * k;
+    MP_CHECK(refused(c->allgatherv(b + dsp[me] + 1, k, b, cnt.data(), dsp.data(), dtype::int32),
+                     "send == recv + displs[rank()]"));
+    MP_CHECK(refused(c->alltoallv(b, cnt.data(), dsp.data(), b + 1, cnt.data(), dsp.data(), dtype::int32),
+                     "send == recv"));
+    MP_CHECK(refused(c->reduce_scatterv(b, b + dsp[me] + 1, cnt.data(), reduce_op::sum), "recv == send + (recv_counts[0]"));
+    // disjoint buffers that merely touch are fine, and the communicator was left usable
+    std::vector<std::int32_t> mine(k, rank + 1);
+    MP_REQUIRE_OK(c->allreduce(mine.data(), b, k, reduce_op::sum));
+    MP_REQUIRE_OK(c->allreduce(b + k, b + 2 * k, k, reduce_op::sum));  // adjacent, not overlapping
+    for (std::size_t i = 0; i < k; ++i) MP_CHECK(b[i] == sz * (sz + 1) / 2 && b[2 * k + i] == sz * 7);
+    for (std::size_t i = 0; i < k; ++i) b[me * k + i] = rank;
+    MP_REQUIRE_OK(c->allgather(b + me * k, b, k, dtype::int32));  // the in-place form
+    for (std::size_t i = 0; i < n * k; ++i) MP_CHECK(b[i] == static_cast<std::int32_t>(i / k));
+    // gather and scatter in place on the root (rank 1): its own block already sits
+    // at recv + root * count / is taken from send + root * count
+    const int root = 1;
+    std::vector<std::int32_t> out(k, -1);
+    for (std::size_t i = 0; i < n * k; ++i) b[i] = rank == root && i / k != 1 ? -1 : static_cast<std::int32_t>(i / k + 1);
+    MP_REQUIRE_OK(c->gather(rank == root ? b + k : mine.data(), rank == root ? b : nullptr, k, dtype::int32, root));
+    if (rank == root)
+      for (std::size_t i = 0; i < n * k; ++i) MP_CHECK(b[i] == static_cast<std::int32_t>(i / k + 1));
+    for (std::size_t i = 0; i < n * k; ++i) b[i] = static_cast<std::int32_t>(100 + i / k);
+    MP_REQUIRE_OK(c->scatter(rank == root ? b : nullptr, rank == root ? b + k : out.data(), k, dtype::int32, root));
+    for (std::size_t i = 0; i < k; ++i) MP_CHECK((rank == root ? b[k + i] : out[i]) == 100 + rank);
+    return 0;
+  });
+  CHECK(r.all_ok());
+
+  // The rooted calls: only the root's buffers can overlap.
+  test::temp_dir one;
+  auto r1 = test::run_ranks(1, [&](int rank, int sz) {
+    auto kv = test::open_dir_store(one.path);
+    auto c = test::make_comm(*kv, rank, sz);
+    std::int32_t b[16] = {0};
+    auto refused = [&](const status& st, const char* in_place) {
+      return st.code() == errc::invalid_argument && st.message().find(in_place) != std::string::npos;
+    };
+    MP_CHECK(refused(c->reduce(b, b + 1, 4, reduce_op::sum, 0), "in place: send == recv"));
+    MP_CHECK(refused(c->gather(b + 1, b, 4, dtype::int32, 0), "send == recv + root * count on the root"));
+    MP_CHECK(refused(c->scatter(b, b + 1, 4, dtype::int32, 0), "recv == send + root * count on the root"));
+    const std::size_t cnt[1] = {4}, dsp[1] = {2};
+    MP_CHECK(refused(c->gatherv(b + 1, 4, b, cnt, dsp, dtype::int32, 0), "send == recv + recv_displs[root]"));
+    MP_CHECK(refused(c->scatterv(b, cnt, dsp, b + 3, 4, dtype::int32, 0), "recv == send + send_displs[root]"));
+    for (int i = 0; i < 16; ++i) b[i] = i;
+    MP_REQUIRE_OK(c->gatherv(b + 2, 4, b, cnt, dsp, dtype::int32, 0));  // in place on the root
+    MP_REQUIRE_OK(c->reduce(b, b, 4, reduce_op::sum, 0));
+    for (int i = 0; i < 16; ++i) MP_CHECK(b[i] == i);
+    return 0;
+  });
+  CHECK(r1.all_ok());
+}
+
 TEST_CASE("collectives: argument errors on the calling rank") {
   test::temp_dir dir;
   auto r = test::run_ranks(2, [&](int rank, int sz) {

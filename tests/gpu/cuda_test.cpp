@@ -348,7 +348,7 @@ TEST_CASE("device_communicator argument checks need no device") {
   // What every device collective checks on the calling rank before anything is
   // enqueued (both engines): pure functions, no CUDA call.
   using cuda::detail::check_device_call;
-  int x[8] = {};
+  int x[8] = {}, y[8] = {};
   auto call = [&](collective_kind k, const void* send, void* recv, std::size_t count, dtype t, reduce_op op,
                   int root) { return op_desc::of(k, send, recv, count, t, op, root); };
   auto bad = [](const status& s, const char* words) {
@@ -390,7 +390,7 @@ TEST_CASE("device_communicator argument checks need no device") {
   // allgatherv: the send count is counts[rank]; the arrays must be there.
   {
     const std::size_t counts[2] = {3, 4}, displs[2] = {0, 3};
-    op_desc v = call(collective_kind::allgatherv, x, x, 4, f32, sum, 0);
+    op_desc v = call(collective_kind::allgatherv, x, y, 4, f32, sum, 0);
     v.counts = counts;
     v.displs = displs;
     CHECK(check_device_call(v, 1, 2).ok());
@@ -401,13 +401,19 @@ TEST_CASE("device_communicator argument checks need no device") {
   }
   // sendrecv: to itself only while also receiving from itself.
   {
-    op_desc sr = call(collective_kind::sendrecv, x, x, 4, f32, sum, 1);
+    op_desc sr = call(collective_kind::sendrecv, x, y, 4, f32, sum, 1);
     sr.peer2 = 0;
     sr.count2 = 4;
     CHECK(bad(check_device_call(sr, 1, 2), "cannot send to itself without receiving from itself"));
     sr.peer2 = 1;
     CHECK(check_device_call(sr, 1, 2).ok());
   }
+  // Overlapping buffers other than the in-place form, as on the CPU (collective/op.hpp).
+  CHECK(bad(check_device_call(call(collective_kind::allreduce, x, x + 1, 4, f32, sum, 0), 1, 2),
+            "allreduce: the send buffer"));
+  CHECK(bad(check_device_call(call(collective_kind::allgather, x, x, 2, f32, sum, 0), 1, 2),
+            "in place: send == recv + rank() * count"));
+  CHECK(check_device_call(call(collective_kind::allgather, x + 2, x, 2, f32, sum, 0), 1, 2).ok());
   // send / recv: `root` is the peer.
   CHECK(check_device_call(call(collective_kind::send, x, nullptr, 4, f32, sum, 0), 1, 2).ok());
   CHECK(bad(check_device_call(call(collective_kind::send, x, nullptr, 4, f32, sum, 2), 1, 2), "send: peer 2"));

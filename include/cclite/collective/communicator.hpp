@@ -10,7 +10,9 @@
 // count, dtype, op and root (as in NCCL/MPI).
 //
 // Errors: every call returns a status. errc::invalid_argument (bad pointer,
-// root, dtype) leaves the communicator usable; timeout / peer_lost / mismatch /
+// root, dtype; send and recv buffers that overlap without being the call's
+// in-place form, as MPI forbids aliased buffers) leaves the communicator
+// usable; timeout / peer_lost / mismatch /
 // aborted / protocol_error make it unusable: later calls return the same error
 // at once, and the application should destroy it and build a new one. Such an
 // error is spread to the other ranks, which report the job's first failure
@@ -198,7 +200,7 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   template <class T>
   status reduce_scatterv(const T* send, T* recv, const std::size_t* recv_counts, reduce_op op = reduce_op::sum) {
     const op_desc d = rsv_desc(send, recv, recv_counts, dtype_of_v<T>, op, &detail::kernels_of<T>);
-    CCLITE_TRY(detail::validate_counts_of_rsv(d, size_));
+    CCLITE_TRY(detail::validate_counts_of_rsv(d, rank_, size_));
     return run(d);
   }
 
@@ -250,6 +252,7 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
                        void* recv, const std::size_t* recv_counts, const std::size_t* recv_displs, dtype t);
 
   /// root's recv (size() * count) = every rank's send (count) in rank order.
+  /// In place on the root: send == recv + root * count.
   status gather(const void* send, void* recv, std::size_t count, dtype t, int root) {
     return run(rooted<collective_kind::gather>(send, recv, count, t, reduce_op::sum, root));
   }
@@ -257,6 +260,7 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
     return submit(rooted<collective_kind::gather>(send, recv, count, t, reduce_op::sum, root));
   }
   /// Every rank's recv (count) = block rank() of root's send (size() * count).
+  /// In place on the root: recv == send + root * count.
   status scatter(const void* send, void* recv, std::size_t count, dtype t, int root) {
     return run(rooted<collective_kind::scatter>(send, recv, count, t, reduce_op::sum, root));
   }

@@ -113,7 +113,7 @@ template <class... Transports>
 inline status communicator<Transports...>::reduce_scatterv(const void* send, void* recv,
                                                            const std::size_t* recv_counts, dtype t, reduce_op op) {
   const op_desc d = rsv_desc(send, recv, recv_counts, t, op, &reduction_for);
-  CCLITE_TRY(detail::validate_counts_of_rsv(d, size_));
+  CCLITE_TRY(detail::validate_counts_of_rsv(d, rank_, size_));
   return run(d);
 }
 template <class... Transports>
@@ -121,7 +121,7 @@ inline work communicator<Transports...>::reduce_scatterv_async(const void* send,
                                                                const std::size_t* recv_counts, dtype t,
                                                                reduce_op op) {
   const op_desc d = rsv_desc(send, recv, recv_counts, t, op, &reduction_for);
-  status st = detail::validate_counts_of_rsv(d, size_);
+  status st = detail::validate_counts_of_rsv(d, rank_, size_);
   return st.ok() ? submit(d) : work::failed(std::move(st));
 }
 
@@ -224,7 +224,7 @@ inline op_desc communicator<Transports...>::rsv_desc(const void* send, void* rec
 
 template <class... Transports>
 inline status communicator<Transports...>::run(const op_desc& d) {
-  CCLITE_TRY(detail::validate(d, size_));
+  CCLITE_TRY(detail::validate(d, rank_, size_));
   if (group_.open()) return record(d);
   if (device_ && device_->owns(d)) return run_on_device(d);
   return queue_.run(d);
@@ -237,7 +237,7 @@ inline work communicator<Transports...>::submit(const op_desc& d) {
                                    "use %s, the group's status comes from group_end()", to_string(d.kind),
                                    to_string(d.kind)));
   }
-  status st = detail::validate(d, size_);
+  status st = detail::validate(d, rank_, size_);
   if (!st.ok()) return work::failed(std::move(st));
   if (device_ && device_->owns(d)) return work::completed(run_on_device(d));
   return queue_.submit(d);

@@ -5,6 +5,7 @@
 // then queued and run in issue order (work_queue.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -139,6 +140,33 @@ inline bool overflows(std::size_t count, std::size_t times, dtype t) {
   return times != 0 && count > limit / times;
 }
 
+/// A call's send and recv bytes ([send, +sbytes), [recv, +rbytes)) either
+/// do not overlap or are its in-place form, `send + s_off == recv + r_off`
+/// (`in_place` says it in the caller's terms; null: the call has none). Any
+/// other overlap would read bytes the call has already overwritten (MPI
+/// forbids aliased buffers for the same reason): invalid_argument, never
+/// wrong results.
+CCLITE_NOINLINE inline status check_aliasing(const char* name, const void* send, std::size_t sbytes,
+                                             std::size_t s_off, const void* recv, std::size_t rbytes,
+                                             std::size_t r_off, const char* in_place) {
+  const auto s = reinterpret_cast<std::uintptr_t>(send), r = reinterpret_cast<std::uintptr_t>(recv);
+  if (!send || !recv || !sbytes || !rbytes || s >= r + rbytes || r >= s + sbytes) return {};
+  if (in_place && s + s_off == r + r_off) return {};
+  return make_error(errc::invalid_argument,
+                    "%s: the send buffer (%p, %zu bytes) and the recv buffer (%p, %zu bytes) overlap; %s%s", name,
+                    send, sbytes, recv, rbytes, in_place ? "they must be disjoint, or in place: " : "they must be disjoint",
+                    in_place ? in_place : "");
+}
+
+/// Elements from a v-variant buffer's start to the end of its last block
+/// (counts and displacements already checked against overflow).
+inline std::size_t extent_of(const std::size_t* counts, const std::size_t* displs, int size) {
+  std::size_t end = 0;
+  for (int r = 0; r < size; ++r)
+    if (counts[r]) end = std::max(end, displs[r] + counts[r]);
+  return end;
+}
+
 /// Checks gatherv's and scatterv's arrays on their root (`counts` and
 /// `displs` matter there only, as in MPI): present, in range, a buffer for
 /// any count > 0, and the root's own count equal to its send / recv count.
@@ -162,29 +190,35 @@ inline status validate_root_of_v(const op_desc& d, int rank, int size) {
   if (d.counts[d.root] != d.count)
     return make_error(errc::invalid_argument, "%s: the root's own %s_counts[%d] = %zu but its %s_count is %zu",
                       name, gather ? "recv" : "send", d.root, d.counts[d.root], gather ? "send" : "recv", d.count);
-  return {};
+  const std::size_t elem = size_of(d.type), whole = extent_of(d.counts, d.displs, size) * elem,
+                    mine = d.displs[d.root] * elem, own = d.count * elem;
+  if (gather) return check_aliasing(name, d.send, own, 0, d.recv, whole, mine, "send == recv + recv_displs[root]");
+  return check_aliasing(name, d.send, whole, mine, d.recv, own, 0, "recv == send + send_displs[root]");
 }
 
 /// Checks reduce_scatterv's counts array (rank r's block: counts[r]
 /// elements, back to back in send): present, the total in range, a send
 /// buffer when it is not 0. Its count (this rank's block) and recv are
 /// validate()'s. Called by reduce_scatterv only, as validate_root_of_v.
-inline status validate_counts_of_rsv(const op_desc& d, int size) {
+inline status validate_counts_of_rsv(const op_desc& d, int rank, int size) {
   if (!is_valid(d.type)) return {};  // validate() says so
   const char* name = to_string(d.kind);
   if (!d.counts) return make_error(errc::invalid_argument, "%s: null recv_counts array", name);
-  std::size_t total = 0;
+  std::size_t total = 0, before = 0;
   for (int r = 0; r < size; ++r) {
     if (overflows(d.counts[r], 1, d.type) || overflows(total + d.counts[r], 1, d.type))
       return make_error(errc::invalid_argument, "%s: the counts overflow the byte size at rank %d", name, r);
+    if (r == rank) before = total;
     total += d.counts[r];
   }
   if (total && !d.send) return make_error(errc::invalid_argument, "%s: null send buffer with counts > 0", name);
-  return {};
+  const std::size_t elem = size_of(d.type);
+  return check_aliasing(name, d.send, total * elem, before * elem, d.recv, d.count * elem, 0,
+                        "recv == send + (recv_counts[0] + ... + recv_counts[rank() - 1])");
 }
 
-/// Checks what one rank can check alone. `size` = number of ranks.
-inline status validate(const op_desc& d, int size) {
+/// Checks what one rank can check alone: `rank` of `size` ranks.
+inline status validate(const op_desc& d, int rank, int size) {
   const char* name = to_string(d.kind);
   if (d.kind == collective_kind::barrier || d.kind == collective_kind::group) return {};
   if (!is_valid(d.type)) return make_error(errc::invalid_argument, "%s: invalid dtype %d", name, static_cast<int>(d.type));
@@ -229,7 +263,12 @@ inline status validate(const op_desc& d, int size) {
       if (d.counts[r] && (d.kind == collective_kind::alltoallv ? !d.send : !d.recv))
         return make_error(errc::invalid_argument, "%s: null buffer with counts > 0", name);
     }
-    return {};
+    if (in_place) return {};
+    const std::size_t elem = size_of(d.type), out = extent_of(d.counts, d.displs, size) * elem;
+    if (d.kind == collective_kind::allgatherv)
+      return check_aliasing(name, d.send, d.count * elem, 0, d.recv, out, d.displs[rank] * elem,
+                            "send == recv + displs[rank()]");
+    return check_aliasing(name, d.send, out, 0, d.recv, extent_of(d.rcounts, d.rdispls, size) * elem, 0, "send == recv");
   }
   if (d.count == 0 && d.count2 == 0) return {};
   switch (d.kind) {
@@ -242,22 +281,41 @@ inline status validate(const op_desc& d, int size) {
     case collective_kind::sendrecv:
       if ((d.count && !d.send) || (d.count2 && !d.recv))
         return make_error(errc::invalid_argument, "sendrecv: null buffer with a count > 0");
-      return {};
+      return check_aliasing(name, d.send, d.count * size_of(d.type), 0, d.recv, d.count2 * size_of(d.type), 0, nullptr);
     case collective_kind::broadcast:
       if (!d.recv) return make_error(errc::invalid_argument, "broadcast: null buffer with count %zu", d.count);
       return {};
-    case collective_kind::reduce: case collective_kind::gather: case collective_kind::scatter:
-      return {};  // which buffers matter depends on root: checked when run
+    case collective_kind::reduce: case collective_kind::gather: case collective_kind::scatter: {
+      // Which buffers matter depends on root: null ones are checked when run.
+      // Off the root only one of them is read or written.
+      if (rank != d.root) return {};
+      const std::size_t b = d.count * size_of(d.type), all = b * n, mine = b * static_cast<std::size_t>(rank);
+      if (d.kind == collective_kind::reduce) return check_aliasing(name, d.send, b, 0, d.recv, b, 0, "send == recv");
+      if (d.kind == collective_kind::gather)
+        return check_aliasing(name, d.send, b, 0, d.recv, all, mine, "send == recv + root * count on the root");
+      return check_aliasing(name, d.send, all, mine, d.recv, b, 0, "recv == send + root * count on the root");
+    }
     case collective_kind::gatherv:  // the rank's own block; the root's arrays: validate_root_of_v
       if (!d.send) return make_error(errc::invalid_argument, "gatherv: null send buffer with send_count %zu", d.count);
       return {};
     case collective_kind::scatterv:
       if (!d.recv) return make_error(errc::invalid_argument, "scatterv: null recv buffer with recv_count %zu", d.count);
       return {};
-    default:
+    default: {
       if (!d.send || !d.recv)
         return make_error(errc::invalid_argument, "%s: null buffer with count %zu", name, d.count);
-      return {};
+      if (d.kind == collective_kind::reduce_scatterv) return {};  // validate_counts_of_rsv()
+      // allreduce, scan, exscan: count both ways; alltoall: count per rank
+      // both ways; allgather: count in, count per rank out; reduce_scatter
+      // the other way round.
+      const std::size_t b = d.count * size_of(d.type), all = b * n, mine = b * static_cast<std::size_t>(rank);
+      if (d.kind == collective_kind::allgather)
+        return check_aliasing(name, d.send, b, 0, d.recv, all, mine, "send == recv + rank() * count");
+      if (d.kind == collective_kind::reduce_scatter)
+        return check_aliasing(name, d.send, all, mine, d.recv, b, 0, "recv == send + rank() * count");
+      const std::size_t both = d.kind == collective_kind::alltoall ? all : b;
+      return check_aliasing(name, d.send, both, 0, d.recv, both, 0, "send == recv");
+    }
   }
 }
 

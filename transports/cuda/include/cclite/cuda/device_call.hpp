@@ -76,7 +76,7 @@ namespace detail {
 /// root's send). invalid_argument
 /// "device_communicator rank R: device <what>" naming the argument.
 inline status check_device_call(const op_desc& d, int rank, int size) {
-  status s = cclite::detail::validate(d, size);
+  status s = cclite::detail::validate(d, rank, size);
   // The rooted ones: which buffers a rank uses depends on whether it is the root.
   const bool rooted = d.kind == collective_kind::reduce || d.kind == collective_kind::gather ||
                       d.kind == collective_kind::scatter;
