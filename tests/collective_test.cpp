@@ -281,6 +281,30 @@ int p2p_groups(default_communicator& c, store&) {
   MP_CHECK(c.group_end().code() == errc::invalid_argument);
   MP_REQUIRE_OK(c.allreduce(&one, 1));
   MP_CHECK(one == n);
+  // A receive overlapping another transfer of its group (on every rank): refused
+  // before anything runs, the grouped collective included; the communicator
+  // stays usable. Sends may share a buffer.
+  std::int32_t pair[4] = {r, r, r, r}, got4[4] = {-1, -1, -1, -1};
+  c.group_start();
+  MP_REQUIRE_OK(c.allreduce(&one, 1));
+  MP_REQUIRE_OK(c.send(pair, 2, dtype::int32, next));
+  MP_REQUIRE_OK(c.recv(pair + 1, 2, dtype::int32, prev));
+  status st = c.group_end();
+  MP_CHECK(st.code() == errc::invalid_argument);
+  MP_CHECK(st.message().find("transfer 2, a receive from rank " + std::to_string(prev)) != std::string::npos);
+  MP_CHECK(st.message().find("overlaps that of transfer 1, a send to rank " + std::to_string(next)) != std::string::npos);
+  MP_CHECK(one == n && pair[2] == r);  // nothing ran
+  c.group_start();
+  MP_REQUIRE_OK(c.recv(got4, 3, dtype::int32, prev));
+  MP_REQUIRE_OK(c.recv(got4 + 2, 2, dtype::int32, next));
+  MP_CHECK(c.group_end().code() == errc::invalid_argument);  // two receives
+  c.group_start();
+  MP_REQUIRE_OK(c.send(pair, 2, dtype::int32, next));
+  MP_REQUIRE_OK(c.send(pair, 2, dtype::int32, prev));
+  MP_REQUIRE_OK(c.recv(got4, 2, dtype::int32, prev));
+  MP_REQUIRE_OK(c.recv(got4 + 2, 2, dtype::int32, next));
+  MP_REQUIRE_OK(c.group_end());
+  MP_CHECK(got4[0] == prev && got4[1] == prev && got4[2] == next && got4[3] == next);
 
   // 6. collectives in a group, between transfers; two allreduce sizes (the
   // small path and the ring), a broadcast, a barrier.

@@ -8,6 +8,7 @@
 // of the same shape does not allocate.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -61,13 +62,15 @@ class call_group {
 
   /// Runs what was recorded through `run(const op_desc&)`: the collectives in
   /// issue order, then the transfers as one call, `as_group(count, transfers)`.
-  /// Stops at the first error and returns it; forgets the calls either way.
+  /// Runs nothing if a receive's buffer overlaps another transfer's
+  /// (check_overlaps()). Stops at the first error and returns it; forgets the
+  /// calls either way.
   template <class Run, class AsGroup>
   status run_and_clear(Run&& run, AsGroup&& as_group) {
-    status st;
+    status st = check_overlaps();
     for (const op_desc& c : calls_) {
-      st = run(c);
       if (!st.ok()) break;
+      st = run(c);
     }
     if (st.ok() && !transfers_.empty()) st = run(as_group(transfers_.size(), transfers_.data()));
     calls_.clear();
@@ -76,9 +79,55 @@ class call_group {
   }
 
  private:
+  /// The group's transfers run side by side, so a receive whose buffer
+  /// overlaps another transfer's would overwrite bytes a send still reads or
+  /// another receive wrote (MPI calls such a group erroneous; sends may share
+  /// a buffer). Found by sorting the transfers' byte ranges (scratch kept
+  /// between groups): invalid_argument naming both, before anything runs.
+  status check_overlaps() {
+    spans_.clear();
+    for (std::size_t i = 0; i < transfers_.size(); ++i) {
+      const p2p_transfer& t = transfers_[i];
+      const void* p = t.is_send ? static_cast<const void*>(t.send) : t.recv;
+      if (t.bytes != 0 && p != nullptr) spans_.push_back(span{reinterpret_cast<std::uintptr_t>(p), i});
+    }
+    std::sort(spans_.begin(), spans_.end(), [](const span& a, const span& b) { return a.at < b.at; });
+    // Sweep in address order: the furthest end of any earlier range and of
+    // any earlier receive's; a range starting before it overlaps that one.
+    std::uintptr_t any_end = 0, recv_end = 0;
+    std::size_t any_i = 0, recv_i = 0;
+    for (const span& s : spans_) {
+      const p2p_transfer& t = transfers_[s.index];
+      if (!t.is_send && s.at < any_end) return overlap(s.index, any_i);
+      if (t.is_send && s.at < recv_end) return overlap(recv_i, s.index);
+      const std::uintptr_t end = s.at + t.bytes;
+      if (end > any_end) any_end = end, any_i = s.index;
+      if (!t.is_send && end > recv_end) recv_end = end, recv_i = s.index;
+    }
+    return {};
+  }
+  // Receive `r` overlaps transfer `o`. Numbered from 1 in issue order, a
+  // sendrecv counting as its send, then its receive.
+  status overlap(std::size_t r, std::size_t o) const {
+    const p2p_transfer &a = transfers_[r], &b = transfers_[o];
+    return make_error(errc::invalid_argument,
+                      "group_end(): the buffer of transfer %zu, a receive from rank %d (%p, %zu bytes), overlaps "
+                      "that of transfer %zu, a %s rank %d (%p, %zu bytes): a receive's buffer must not overlap "
+                      "any other send or receive of its group",
+                      r + 1, a.peer, static_cast<const void*>(a.recv), a.bytes, o + 1,
+                      b.is_send ? "send to" : "receive from", b.peer,
+                      b.is_send ? static_cast<const void*>(b.send) : static_cast<const void*>(b.recv), b.bytes);
+  }
+
+  struct span {
+    std::uintptr_t at;
+    std::size_t index;  ///< into transfers_
+  };
+
   int depth_ = 0;                        ///< group_start() minus group_end()
   std::vector<op_desc> calls_;           ///< the collectives, in issue order
   std::vector<p2p_transfer> transfers_;  ///< the point-to-point calls' transfers
+  std::vector<span> spans_;              ///< check_overlaps()'s scratch
 };
 
 }  // namespace cclite::detail

@@ -348,7 +348,9 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// this communicator's other calls: the collectives one by one, then the
   /// point-to-point calls together. Returns the first error; the calls after
   /// a failed one do not run (the communicator is unusable then anyway).
-  /// Errors: invalid_argument (no group open), those of the recorded calls.
+  /// Errors: invalid_argument (no group open; a receive whose buffer
+  /// overlaps another send's or receive's in the group: then nothing runs),
+  /// those of the recorded calls.
   status group_end();
 
   /// Color that leaves a rank out of every sub-communicator of split().
