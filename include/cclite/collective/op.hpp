@@ -158,13 +158,11 @@ CCLITE_NOINLINE inline status check_aliasing(const char* name, const void* send,
                     in_place ? in_place : "");
 }
 
-/// Elements from a v-variant buffer's start to the end of its last block
-/// (counts and displacements already checked against overflow).
-inline std::size_t extent_of(const std::size_t* counts, const std::size_t* displs, int size) {
-  std::size_t end = 0;
-  for (int r = 0; r < size; ++r)
-    if (counts[r]) end = std::max(end, displs[r] + counts[r]);
-  return end;
+/// Moves `end` to the end of a v-variant block (displacement + count, both
+/// already checked against overflow) if it reaches further: the checks'
+/// loops over the counts find the buffer's extent as they go.
+inline void extend(std::size_t& end, std::size_t count, std::size_t displ) {
+  if (count != 0) end = std::max(end, displ + count);
 }
 
 /// Checks gatherv's and scatterv's arrays on their root (`counts` and
@@ -180,17 +178,19 @@ inline status validate_root_of_v(const op_desc& d, int rank, int size) {
     return make_error(errc::invalid_argument, "%s: null %s_counts or displacements array on the root", name,
                       gather ? "recv" : "send");
   const void* all = gather ? static_cast<const void*>(d.recv) : d.send;
+  std::size_t extent = 0;  // elements of `all` the blocks reach
   for (int r = 0; r < size; ++r) {
     if (overflows(d.counts[r], 1, d.type) || overflows(d.displs[r], 1, d.type))
       return make_error(errc::invalid_argument, "%s: count or displacement of rank %d overflows", name, r);
     if (d.counts[r] && !all)
       return make_error(errc::invalid_argument, "%s: null %s buffer on the root with %s_counts[%d] = %zu", name,
                         gather ? "recv" : "send", gather ? "recv" : "send", r, d.counts[r]);
+    extend(extent, d.counts[r], d.displs[r]);
   }
   if (d.counts[d.root] != d.count)
     return make_error(errc::invalid_argument, "%s: the root's own %s_counts[%d] = %zu but its %s_count is %zu",
                       name, gather ? "recv" : "send", d.root, d.counts[d.root], gather ? "send" : "recv", d.count);
-  const std::size_t elem = size_of(d.type), whole = extent_of(d.counts, d.displs, size) * elem,
+  const std::size_t elem = size_of(d.type), whole = extent * elem,
                     mine = d.displs[d.root] * elem, own = d.count * elem;
   if (gather) return check_aliasing(name, d.send, own, 0, d.recv, whole, mine, "send == recv + recv_displs[root]");
   return check_aliasing(name, d.send, whole, mine, d.recv, own, 0, "recv == send + send_displs[root]");
@@ -249,6 +249,7 @@ inline status validate(const op_desc& d, int rank, int size) {
     if (((!d.counts || !d.displs) && !in_place) ||
         (d.kind == collective_kind::alltoallv && (!d.rcounts || !d.rdispls)))
       return make_error(errc::invalid_argument, "%s: null counts or displacements array", name);
+    std::size_t extent = 0, r_extent = 0;  // elements the counts' / rcounts' blocks reach
     for (std::size_t r = 0; r < n; ++r) {
       if (in_place) {
         if (overflows(d.rcounts[r], 1, d.type) || overflows(d.rdispls[r], 1, d.type))
@@ -262,13 +263,15 @@ inline status validate(const op_desc& d, int rank, int size) {
         return make_error(errc::invalid_argument, "%s: null recv buffer with counts > 0", name);
       if (d.counts[r] && (d.kind == collective_kind::alltoallv ? !d.send : !d.recv))
         return make_error(errc::invalid_argument, "%s: null buffer with counts > 0", name);
+      extend(extent, d.counts[r], d.displs[r]);
+      if (d.rcounts) extend(r_extent, d.rcounts[r], d.rdispls[r]);
     }
     if (in_place) return {};
-    const std::size_t elem = size_of(d.type), out = extent_of(d.counts, d.displs, size) * elem;
+    const std::size_t elem = size_of(d.type);
     if (d.kind == collective_kind::allgatherv)
-      return check_aliasing(name, d.send, d.count * elem, 0, d.recv, out, d.displs[rank] * elem,
+      return check_aliasing(name, d.send, d.count * elem, 0, d.recv, extent * elem, d.displs[rank] * elem,
                             "send == recv + displs[rank()]");
-    return check_aliasing(name, d.send, out, 0, d.recv, extent_of(d.rcounts, d.rdispls, size) * elem, 0, "send == recv");
+    return check_aliasing(name, d.send, extent * elem, 0, d.recv, r_extent * elem, 0, "send == recv");
   }
   if (d.count == 0 && d.count2 == 0) return {};
   switch (d.kind) {
