@@ -630,6 +630,77 @@ TEST_CASE("collectives: outputs past the streaming threshold, allgather(v) and a
   }
 }
 
+// Large rooted calls and point-to-point messages over tcp, where the links'
+// direct windows (transport/direct.hpp) carry them between the sockets and the
+// caller's buffers: a 300 KiB threshold and 256 KiB rings, so windows are
+// longer than the ring and begin after read-ahead staged part of them. 3 ranks
+// make a chain with a middle rank forwarding out of its output; the tree's
+// pieces (a chunk: a quarter of the ring) stay staged, its calls still mix
+// both. Every root, odd counts, every value checked, then the same with
+// windows off (CCLITE_TCP_DIRECT=0) as the reference path.
+TEST_CASE("collectives: large broadcast, gather, scatter, reduce and send/recv over tcp, direct windows on and off") {
+  for (const char* direct : {"300K", "0"}) {
+    for (const char* algo : {"ring", "broadcast:tree,reduce:tree"}) {
+      test::temp_dir dir;
+      auto r = test::run_ranks(
+          3,
+          [&](int rank, int sz) {
+            auto kv = test::open_dir_store(dir.path);
+            auto c = test::make_comm(*kv, rank, sz);
+            const std::size_t N = static_cast<std::size_t>(sz), me = static_cast<std::size_t>(rank);
+            const std::size_t count = (5u << 20) / 4 + 3;
+            auto tagged = [](std::size_t q, std::size_t i) { return static_cast<std::uint32_t>(q * 2654435761u + i * 7u); };
+            int bad = 0;
+            for (int root = 0; root < sz; ++root) {
+              const std::size_t R = static_cast<std::size_t>(root);
+              std::vector<std::uint32_t> buf(count, 0);
+              if (rank == root)
+                for (std::size_t i = 0; i < count; ++i) buf[i] = tagged(R, i);
+              MP_REQUIRE_OK(c->broadcast(buf.data(), count, dtype::uint32, root));
+              for (std::size_t i = 0; i < count; ++i) bad += buf[i] != tagged(R, i);
+              // gather / scatter: blocks of count / 2 elements (2.5 MiB each)
+              const std::size_t b = count / 2;
+              std::vector<std::uint32_t> mine(b), all(b * N, 0), back(b, 0);
+              for (std::size_t i = 0; i < b; ++i) mine[i] = tagged(me + 10, i);
+              MP_REQUIRE_OK(c->gather(mine.data(), rank == root ? all.data() : nullptr, b, dtype::uint32, root));
+              if (rank == root)
+                for (std::size_t i = 0; i < b * N; ++i) bad += all[i] != tagged(i / b + 10, i % b);
+              MP_REQUIRE_OK(c->scatter(rank == root ? all.data() : nullptr, back.data(), b, dtype::uint32, root));
+              bad += back != mine;  // every block went to the root and back
+              std::vector<std::uint32_t> red(count, 0);
+              MP_REQUIRE_OK(c->reduce(buf.data(), red.data(), count, dtype::uint32, reduce_op::sum, root));
+              if (rank == root)
+                for (std::size_t i = 0; i < count; ++i) bad += red[i] != static_cast<std::uint32_t>(3 * tagged(R, i));
+            }
+            // send / recv around the ring, one way, then back
+            std::vector<std::uint32_t> out(count), in(count, 0);
+            for (std::size_t i = 0; i < count; ++i) out[i] = tagged(me + 20, i);
+            const int next = (rank + 1) % sz, prev = (rank + sz - 1) % sz;
+            if (rank == 0) {
+              MP_REQUIRE_OK(c->send(out.data(), count, dtype::uint32, next));
+              MP_REQUIRE_OK(c->recv(in.data(), count, dtype::uint32, prev));
+            } else {
+              MP_REQUIRE_OK(c->recv(in.data(), count, dtype::uint32, prev));
+              MP_REQUIRE_OK(c->send(out.data(), count, dtype::uint32, next));
+            }
+            for (std::size_t i = 0; i < count; ++i) bad += in[i] != tagged(static_cast<std::size_t>(prev) + 20, i);
+            if (bad) std::fprintf(stderr, "rank %d: %d values wrong\n", rank, bad);
+            MP_CHECK(bad == 0);
+            MP_REQUIRE_OK(c->barrier());
+            return 0;
+          },
+          std::chrono::seconds(180), [&](int rank) {
+            test::set_net_env(net::tcp_only, rank, 3);
+            ::setenv("CCLITE_TCP_DIRECT", direct, 1);
+            ::setenv("CCLITE_TCP_BUFFSIZE", "256K", 1);
+            ::setenv("CCLITE_ALGO", algo, 1);
+          });
+      INFO("CCLITE_TCP_DIRECT=", std::string(direct), " CCLITE_ALGO=", std::string(algo), ": ", r.describe());
+      CHECK(r.all_ok());
+    }
+  }
+}
+
 // Small scans on 3 or more ranks take recursive doubling (the runs above);
 // the chain forced for them too.
 TEST_CASE("collectives: the chain forced for small scans, 4 ranks, mixed (2 fake nodes)") {

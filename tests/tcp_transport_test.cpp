@@ -341,6 +341,7 @@ TEST_CASE("tcp: settings from the environment") {
   CHECK(c->buffsize == (4u << 20));
   CHECK(c->block == (128u << 10));
   CHECK(c->keepalive_s == 25);
+  CHECK(c->direct_min == (1u << 20));
   auto expect_bad = [](const char* k, const char* v, const char* needle) {
     ::setenv(k, v, 1);
     auto r = tcp::transport_config::from_env();
@@ -357,6 +358,7 @@ TEST_CASE("tcp: settings from the environment") {
   expect_bad("CCLITE_BUFFSIZE", "5000", "CCLITE_BUFFSIZE=5000");  // the generic size, named
   expect_bad("CCLITE_TCP_KEEPALIVE", "2", "CCLITE_TCP_KEEPALIVE=2 must be between 3 and 86400");
   expect_bad("CCLITE_TCP_KEEPALIVE", "soon", "not an integer");
+  expect_bad("CCLITE_TCP_DIRECT", "-1", "CCLITE_TCP_DIRECT=-1 must be between 0 (never) and 1T");
   ::setenv("NCCL_BUFFSIZE", "2M", 1);  // NCCL's per-peer buffer size applies when ours are unset
   c = tcp::transport_config::from_env();
   ::unsetenv("NCCL_BUFFSIZE");
@@ -463,6 +465,133 @@ TEST_CASE("tcp: 2 ranks stream 64 MiB each way at once, nsocks=4") { stream_two_
 
 TEST_CASE("tcp: odd geometry: 3 sockets, 12K blocks, 40K rings") {
   stream_two_ranks(3, 8u << 20, "40K", "12K");
+}
+
+// Direct windows (transport/direct.hpp): messages that leave from and land
+// in the caller's buffer, mixed with ring-staged ones in the same stream, in
+// both directions at once, every byte checked. The geometry is odd on
+// purpose (3 sockets, 12K blocks, a 40K ring, a 64K threshold): windows
+// start mid-block, are longer and shorter than the ring, and begin after
+// read-ahead has put part of them in the ring already. Either side picks
+// direct or staged per message on its own; one send window opens empty and
+// grows in steps, as a chain's middle rank forwards what arrived.
+TEST_CASE("tcp: direct windows carry large messages beside staged ones, both ways at once") {
+  test::temp_dir dir;
+  auto r = test::run_ranks(
+      2,
+      [&](int rank, int size) {
+        node n;
+        init(n, dir.path, rank, size, "direct");
+        connect_all(n, deadline::after(seconds(30)));
+        tcp::link& l = *n.links[static_cast<std::size_t>(1 - rank)];
+        const int peer = 1 - rank;
+        const std::size_t sizes[] = {100000, 8, 300001, 65536, 5u << 20, 4095, (1u << 20) + 3, 40960, 70001};
+        // Below the threshold a window is refused and nothing changes.
+        std::uint8_t tiny[16];
+        MP_CHECK(!l.recv_direct_begin(tiny, sizeof tiny));
+        MP_CHECK(!l.send_direct_begin(tiny, sizeof tiny, sizeof tiny));
+        // A window that opens behind staged bytes and closes before any of
+        // its own went (a verb whose other link refused its window) leaves
+        // the link as it was: the staged bytes still arrive.
+        auto head = l.send_reserve(8);
+        MP_REQUIRE(head.size == 8);
+        fill(head.data, rank, peer, 0, 8);
+        l.send_commit(8);
+        MP_REQUIRE(l.send_direct_begin(tiny, 0, 1u << 20));
+        l.send_direct_end(status{});
+        MP_REQUIRE_OK(l.poll());
+        while (l.recv_peek().size < 8) MP_REQUIRE_OK(l.wait(wait_for::recv, deadline::after(seconds(10))));
+        MP_CHECK(matches(l.recv_peek().data, peer, rank, 0, 8));
+        l.recv_consume(8);
+        std::uint64_t pos = 8;  // stream position of the message, the same both ways
+        for (std::size_t i = 0; i < sizeof sizes / sizeof sizes[0]; ++i) {
+          const std::size_t bytes = sizes[i];
+          std::vector<std::uint8_t> src(bytes), out(bytes, 0xEE);
+          fill(src.data(), rank, peer, pos, bytes);
+          const bool grow = i == 2 && rank == 0;  // opens empty, grows by 10000
+          const bool send_direct = (i + static_cast<std::size_t>(rank)) % 3 != 0 &&
+                                   l.send_direct_begin(src.data(), grow ? 0 : bytes, bytes);
+          const bool recv_direct = (i + static_cast<std::size_t>(rank)) % 2 == 0 && l.recv_direct_begin(out.data(), bytes);
+          MP_CHECK(send_direct == ((i + static_cast<std::size_t>(rank)) % 3 != 0 && bytes >= (64u << 10)));
+          MP_CHECK(recv_direct == ((i + static_cast<std::size_t>(rank)) % 2 == 0 && bytes >= (64u << 10)));
+          if (send_direct) MP_CHECK(l.send_reserve(1).empty());  // the window owns the stream's end
+          std::size_t ready = grow ? 0 : bytes, sent = send_direct ? bytes : 0, got = 0;
+          while (true) {
+            if (send_direct && ready < bytes) {
+              ready = std::min(bytes, ready + 10000);
+              l.send_direct_extend(ready);
+            }
+            if (!send_direct && sent < bytes) {
+              auto w = l.send_reserve(bytes - sent);
+              std::memcpy(w.data, src.data() + sent, w.size);
+              l.send_commit(w.size);
+              sent += w.size;
+            }
+            if (recv_direct) {
+              got = l.recv_direct_arrived();
+            } else if (got < bytes) {
+              auto c = l.recv_peek();
+              const std::size_t take = std::min(c.size, bytes - got);
+              std::memcpy(out.data() + got, c.data, take);
+              l.recv_consume(take);
+              got += take;
+            }
+            const bool send_done = send_direct ? ready == bytes && l.send_direct_left() == 0 : sent == bytes;
+            if (send_done && got == bytes) break;
+            status st = l.wait(send_done ? wait_for::recv : got == bytes ? wait_for::send : wait_for::any,
+                               deadline::after(milliseconds(20)));
+            MP_REQUIRE(st.ok() || st.code() == errc::timeout);
+          }
+          if (send_direct) l.send_direct_end(status{});
+          if (recv_direct) l.recv_direct_end(status{});
+          MP_REQUIRE_OK(l.poll());
+          if (!matches(out.data(), peer, rank, pos, bytes)) {
+            std::fprintf(stderr, "rank %d: message %zu (%zu bytes, %s) wrong\n", rank, i, bytes,
+                         recv_direct ? "direct" : "staged");
+            return 1;
+          }
+          pos += bytes;
+        }
+        // Rank 0 gives up a receive window its peer has not filled: the link
+        // fails for good and `out` is never written again, although the
+        // peer's bytes come.
+        std::vector<std::uint8_t> out(256u << 10, 0xEE);
+        if (rank == 0) {
+          MP_REQUIRE(l.recv_direct_begin(out.data(), out.size()));
+          MP_CHECK(l.recv_direct_arrived() == 0);
+          l.recv_direct_end(make_error(errc::timeout, "test gave up"));
+          status st = l.poll();
+          MP_CHECK(st.code() == errc::timeout);
+          MP_CHECK(st.message().find("direct receive with rank 1 (") != std::string::npos);
+          MP_CHECK(st.message().find("abandoned midway (the link is unusable): test gave up") != std::string::npos);
+          MP_REQUIRE_OK(n.kv->set("abandoned", "1"));
+          MP_REQUIRE_OK(n.kv->get("sent", deadline::after(seconds(30))));
+          std::this_thread::sleep_for(milliseconds(100));
+          MP_CHECK(l.poll().code() == errc::timeout);
+          MP_CHECK(l.recv_peek().empty());
+          for (std::uint8_t b : out) MP_REQUIRE(b == 0xEE);
+          MP_REQUIRE_OK(n.kv->set("checked", "1"));
+        } else {
+          MP_REQUIRE_OK(n.kv->get("abandoned", deadline::after(seconds(30))));
+          fill(out.data(), rank, peer, pos, out.size());
+          MP_REQUIRE(l.send_direct_begin(out.data(), out.size(), out.size()));
+          while (l.send_direct_left() != 0) MP_REQUIRE_OK(l.wait(wait_for::send, deadline::after(seconds(30))));
+          l.send_direct_end(status{});
+          MP_REQUIRE_OK(l.flush(deadline::after(seconds(30))));
+          MP_REQUIRE_OK(n.kv->set("sent", "1"));
+          MP_REQUIRE_OK(n.kv->get("checked", deadline::after(seconds(30))));
+        }
+        return 0;
+      },
+      seconds(120),
+      [&](int) {
+        setenv_child("CCLITE_NSOCKS", "3");
+        setenv_child("CCLITE_TCP_BUFFSIZE", "40K");
+        setenv_child("CCLITE_TCP_BLOCK", "12K");
+        setenv_child("CCLITE_TCP_DIRECT", "64K");
+        setenv_child("CCLITE_SOCKET_IFNAME", "=lo");
+      });
+  CHECK_MESSAGE(r.all_ok(), r.describe());
 }
 
 // Two ranks that each send 2 bytes and then wait for the other's 2 bytes (an

@@ -16,6 +16,11 @@
 // Reductions go straight from the receive FIFO into the send FIFO (no
 // intermediate buffer). A verb returns only when all its bytes have moved, or
 // with the first error of either link (timeout, peer_lost, aborted).
+//
+// send, recv and recv_copy_send of large messages over links with direct
+// windows (transport/direct.hpp: tcp) skip the FIFOs: the sockets read from
+// and write into the caller's buffer, and a middle rank forwards out of its
+// output what has arrived there.
 #pragma once
 
 #include <algorithm>
@@ -31,6 +36,7 @@
 #include <cclite/core/stream_copy.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/transport/concept.hpp>
+#include <cclite/transport/direct.hpp>
 
 namespace cclite {
 
@@ -72,6 +78,7 @@ class primitives {
   void will_finish() noexcept { last_ = true; }
 
   status send(const std::uint8_t* src, std::size_t bytes) {
+    if (direct_ok(bytes) && begin_send(src, bytes, bytes)) return direct_pump(bytes, false, true);
     return pump(bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
       pass_on(dst, src + off, n);
     });
@@ -81,6 +88,18 @@ class primitives {
   /// message and its header reach the peer in one piece (point-to-point
   /// envelopes, p2p_envelope.hpp).
   status send_prefixed(const std::uint8_t* head, std::size_t hbytes, const std::uint8_t* src, std::size_t bytes) {
+    if (direct_ok(bytes)) {
+      // A large message: the header through the FIFO (without the end pad a
+      // will_finish() asked for: the data follows), the data by send().
+      const bool last = last_;
+      last_ = false;
+      status st = pump(hbytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
+        std::memcpy(dst, head + off, n);
+      });
+      last_ = last;
+      CCLITE_TRY(st);
+      return send(src, bytes);
+    }
     return pump(hbytes + bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
       const std::size_t h = off < hbytes ? std::min(n, hbytes - off) : 0;
       if (h) std::memcpy(dst, head + off, h);
@@ -89,12 +108,20 @@ class primitives {
   }
 
   status recv(std::uint8_t* out, std::size_t bytes) {
+    if (direct_ok(bytes) && begin_recv(out, bytes)) return direct_pump(bytes, true, false);
     return pump(bytes, true, false, [&](const std::uint8_t* in, std::uint8_t*, std::size_t n, std::size_t off) {
       keep(out + off, in, n);
     });
   }
 
   status recv_copy_send(std::uint8_t* out, std::size_t bytes) {
+    // Both links direct, or neither: the send window opens empty and grows
+    // over `out` as bytes arrive there (nothing of it is committed if the
+    // receive side refuses, so closing it then is harmless).
+    if (direct_ok(bytes) && begin_send(out, 0, bytes)) {
+      if (begin_recv(out, bytes)) return direct_pump(bytes, true, true);
+      end_send(status{});
+    }
     return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
       keep(out + off, in, n);
       std::memcpy(dst, in, n);
@@ -305,6 +332,68 @@ class primitives {
                         st.message().c_str());
     }
     return st;
+  }
+
+  // ---- direct windows (transport/direct.hpp) ----
+  static constexpr bool has_direct = direct::has_windows_v<Prev> && direct::has_windows_v<Next>;
+  // Below a piece the links' thresholds are never reached: no call to ask them.
+  bool direct_ok(std::size_t bytes) const noexcept { return has_direct && bytes >= piece_; }
+  bool begin_send(const std::uint8_t* src, std::size_t ready, std::size_t total) {
+    if constexpr (has_direct) return next_.send_direct_begin(src, ready, total);
+    else return false;
+  }
+  bool begin_recv(std::uint8_t* out, std::size_t bytes) {
+    if constexpr (has_direct) return prev_.recv_direct_begin(out, bytes);
+    else return false;
+  }
+  void end_send(const status& why) {
+    if constexpr (has_direct) next_.send_direct_end(why);
+  }
+
+  // A verb's `bytes` through open direct windows: `in`, prev's receive window
+  // (complete when all arrived); `out`, next's send window (complete when all
+  // left), extended over what arrived when both are open. The windows are
+  // closed on every exit; closed early, they fail their links (direct.hpp).
+  status direct_pump(std::size_t bytes, bool in, bool out) {
+    if constexpr (has_direct) {
+      std::size_t got = in ? 0 : bytes, left = out ? next_.send_direct_left() : 0;
+      int idle = 0;
+      status st;
+      for (;;) {
+        bool moved = false;
+        if (in) {
+          const std::size_t a = prev_.recv_direct_arrived();
+          if (a != got) {
+            got = a;
+            moved = true;
+            if (out) next_.send_direct_extend(a);
+          }
+        }
+        if (out) {
+          const std::size_t l = next_.send_direct_left();
+          moved |= l != left;
+          left = l;
+        }
+        if (got == bytes && left == 0) break;
+        if (moved) {
+          idle = 0;
+          stalled_ = false;
+        }
+        const bool short_in = got < bytes;
+        st = stall(short_in, out, short_in ? wait_for::recv : wait_for::send, idle);
+        if (!st.ok()) break;
+      }
+      if (in) prev_.recv_direct_end(st);
+      if (out) next_.send_direct_end(st);
+      CCLITE_TRY(st);
+      if (in) received_ += bytes;
+      if (!out) return {};
+      sent_ += bytes;
+      return last_ && end_pad(sent_) ? pad_out() : status{};
+    } else {
+      (void)bytes, (void)in, (void)out;
+      return status(errc::unsupported, "direct_pump over links without direct windows");
+    }
   }
 
   template <class L>

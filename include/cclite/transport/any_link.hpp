@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -27,6 +28,7 @@
 #include <cclite/core/clock.hpp>
 #include <cclite/core/status.hpp>
 #include <cclite/transport/concept.hpp>
+#include <cclite/transport/direct.hpp>
 
 namespace cclite {
 
@@ -57,6 +59,51 @@ class any_link {
   status flush(deadline until) {
     return on([&](auto& l) { return flush_one(l, until); }, [] { return status{}; });
   }
+  // Direct windows (transport/direct.hpp), where the held link has them;
+  // elsewhere begin is refused and the rest does nothing.
+  bool send_direct_begin(const std::uint8_t* src, std::size_t ready, std::size_t total) {
+    return on([&](auto& l) {
+      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return l.send_direct_begin(src, ready, total);
+      else return false;
+    }, [] { return false; });
+  }
+  void send_direct_extend(std::size_t ready) {
+    on([&](auto& l) {
+      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) l.send_direct_extend(ready);
+      return 0;
+    }, [] { return 0; });
+  }
+  std::size_t send_direct_left() {
+    return on([&](auto& l) -> std::size_t {
+      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return l.send_direct_left();
+      else return 0;
+    }, [] { return std::size_t{0}; });
+  }
+  void send_direct_end(const status& why) {
+    on([&](auto& l) {
+      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) l.send_direct_end(why);
+      return 0;
+    }, [] { return 0; });
+  }
+  bool recv_direct_begin(std::uint8_t* out, std::size_t bytes) {
+    return on([&](auto& l) {
+      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return l.recv_direct_begin(out, bytes);
+      else return false;
+    }, [] { return false; });
+  }
+  std::size_t recv_direct_arrived() {
+    return on([&](auto& l) -> std::size_t {
+      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return l.recv_direct_arrived();
+      else return 0;
+    }, [] { return std::size_t{0}; });
+  }
+  void recv_direct_end(const status& why) {
+    on([&](auto& l) {
+      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) l.recv_direct_end(why);
+      return 0;
+    }, [] { return 0; });
+  }
+
   int peer() const {
     return std::visit([](const auto& l) -> int {
       if constexpr (std::is_same_v<std::decay_t<decltype(l)>, std::monostate>) return -1;

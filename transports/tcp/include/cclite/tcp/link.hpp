@@ -24,6 +24,18 @@
 // 4096 and every collective starts 8-aligned, a peeked region never *begins*
 // inside an element and the ring wrap never splits one.
 //
+// Direct windows (transport/direct.hpp): a message of at least `direct_min`
+// bytes (CCLITE_TCP_DIRECT) may move between the sockets and the caller's
+// buffer without the rings. A window is a range [lo, hi) of stream positions
+// that maps to the caller's memory instead of the ring (gather() maps every
+// position either way, so striping is unchanged). Send side: the window starts
+// at the stream's end and the ring stays closed until it has all left, so
+// positions after it start on an empty ring. Receive side: the window starts
+// at the reader's position; what read-ahead already landed in the ring is
+// copied out once, and positions after the window still land in the ring
+// within its usual limit (consumed + capacity), which cannot collide: the
+// window's own ring positions were copied out.
+//
 // Errors (sticky: once a link failed, every later poll()/wait() returns the
 // same status): peer_lost (EOF, ECONNRESET, EPIPE, keepalive timeout),
 // system_error, invalid_argument (commit/consume beyond what was reserved/
@@ -37,6 +49,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -66,7 +79,8 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
                              std::size_t block, std::size_t capacity,
                              const std::atomic<bool>* aborted,
                              std::chrono::microseconds spin = std::chrono::microseconds(200),
-                             std::size_t eager = 0, int silent_s = detail::default_silent_s) {
+                             std::size_t eager = 0, int silent_s = detail::default_silent_s,
+                             std::size_t direct_min = 0) {
     auto mem = detail::mapped_memory::map(2 * capacity);
     if (!mem) {
       return make_error(errc::resource_exhausted, "%s (link to %s; lower CCLITE_TCP_BUFFSIZE=%zu)",
@@ -83,6 +97,7 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
     l.spin_ = spin;
     l.eager_ = eager;
     l.silent_s_ = silent_s;
+    l.direct_min_ = direct_min;
     for (int j = 0; j < nsocks; ++j) {
       l.fds_[j] = std::move(socks[j]);
       l.spos_[j] = l.rpos_[j] = static_cast<std::uint64_t>(j) * block;
@@ -101,6 +116,7 @@ CCLITE_SETUP_CODE_END
 
   /// Contiguous free space in the send ring, at most `max` bytes (may be empty).
   mutable_bytes send_reserve(std::size_t max) noexcept {
+    if (CCLITE_UNLIKELY(sbuf_ != nullptr)) return {};  // a direct send owns the stream's end
     std::uint64_t free = cap_ - (committed_ - sent_);
     std::uint64_t off = committed_ % cap_;
     std::uint64_t n = std::min<std::uint64_t>({free, cap_ - off, max});
@@ -113,7 +129,7 @@ CCLITE_SETUP_CODE_END
   /// the next poll()/wait(). An I/O error here is returned by the next
   /// poll()/wait().
   void send_commit(std::size_t n) noexcept {
-    if (CCLITE_UNLIKELY(committed_ + n - sent_ > cap_)) {
+    if (CCLITE_UNLIKELY(committed_ + n - sent_ > cap_ || sbuf_ != nullptr)) {
       fail(make_error(errc::invalid_argument, "send_commit(%zu) beyond the reserved space (link to %s)",
                       n, desc_.c_str()));
       return;
@@ -126,6 +142,7 @@ CCLITE_SETUP_CODE_END
 
   /// Contiguous received bytes (may be empty; may end inside an element).
   const_bytes recv_peek() const noexcept {
+    if (CCLITE_UNLIKELY(rbuf_ != nullptr)) return {};  // a direct receive owns the next bytes
     std::uint64_t off = consumed_ % cap_;
     std::uint64_t n = std::min<std::uint64_t>(received_ - consumed_, cap_ - off);
     return {mem_.data() + cap_ + off, static_cast<std::size_t>(n)};
@@ -133,12 +150,84 @@ CCLITE_SETUP_CODE_END
 
   /// Releases n peeked bytes; their ring space takes new data on the next poll.
   void recv_consume(std::size_t n) noexcept {
-    if (CCLITE_UNLIKELY(consumed_ + n > received_)) {
+    if (CCLITE_UNLIKELY(consumed_ + n > received_ || rbuf_ != nullptr)) {
       fail(make_error(errc::invalid_argument, "recv_consume(%zu) beyond the received bytes (link to %s)",
                       n, desc_.c_str()));
       return;
     }
     consumed_ += n;
+  }
+
+  // ---- direct windows (transport/direct.hpp) ---------------------------------
+
+  /// Opens a send window of `total` bytes from `src` at the stream's end, of
+  /// which src[0..ready) may go now. false (nothing changed): below the
+  /// threshold, the link failed, or a window is open.
+  bool send_direct_begin(const std::uint8_t* src, std::size_t ready, std::size_t total) noexcept {
+    if (direct_min_ == 0 || total < direct_min_ || sbuf_ != nullptr || !error_.ok() || ready > total) return false;
+    sbuf_ = src;
+    slo_ = shi_ = committed_;
+    stotal_ = total;
+    send_direct_extend(ready);
+    return true;
+  }
+  /// src[0..ready) may go now (ready grows; at most the window's total).
+  void send_direct_extend(std::size_t ready) noexcept {
+    const std::uint64_t hi = slo_ + std::min<std::uint64_t>(ready, stotal_);
+    if (sbuf_ == nullptr || hi <= shi_) return;
+    shi_ = committed_ = hi;
+    if (error_.ok()) push_all();  // what the kernel takes now leaves now
+  }
+  /// Bytes up to the window's end not yet handed to the kernel.
+  std::size_t send_direct_left() const noexcept {
+    return sbuf_ != nullptr && sent_ < shi_ ? static_cast<std::size_t>(shi_ - sent_) : 0;
+  }
+  /// Closes the send window. If some of it has not left (the caller gave up:
+  /// `why`), the link fails with `why`: nothing may read src afterwards.
+  void send_direct_end(const status& why) {
+    if (sbuf_ == nullptr) return;
+    if (std::max(sent_, slo_) < shi_) abandon("send", why);  // bytes of src still to go
+    sbuf_ = nullptr;
+    slo_ = shi_ = stotal_ = 0;
+  }
+
+  /// The next `bytes` of the stream land in `out`. false (nothing changed):
+  /// below the threshold, the link failed, or a window is open.
+  bool recv_direct_begin(std::uint8_t* out, std::size_t bytes) noexcept {
+    if (direct_min_ == 0 || bytes < direct_min_ || rbuf_ != nullptr || !error_.ok()) return false;
+    rlo_ = rseen_ = consumed_;
+    rhi_ = consumed_ + bytes;
+    // Read-ahead: copy out of the ring what the sockets already landed of
+    // the window (block by block: each socket reached its own point).
+    std::uint64_t reached = rlo_;
+    for (int j = 0; j < n_; ++j) reached = std::max(reached, rpos_[j]);
+    const std::uint64_t end = std::min(reached, rhi_);
+    for (std::uint64_t p = rlo_; p < end;) {
+      const int j = static_cast<int>((p / block_) % static_cast<std::uint64_t>(n_));
+      const std::uint64_t off = p % cap_;
+      const std::uint64_t len = std::min({block_end(p), end, p + (cap_ - off)}) - p;
+      const std::uint64_t landed = rpos_[j] > p ? std::min(len, rpos_[j] - p) : 0;
+      if (landed) std::memcpy(out + (p - rlo_), mem_.data() + cap_ + off, static_cast<std::size_t>(landed));
+      p += len;
+    }
+    rbuf_ = out;
+    return true;
+  }
+  /// Length of the prefix of the receive window that is complete.
+  std::size_t recv_direct_arrived() noexcept {
+    if (rbuf_ == nullptr) return 0;
+    rseen_ = std::min(received_, rhi_);
+    return static_cast<std::size_t>(rseen_ - rlo_);
+  }
+  /// Closes the receive window: its bytes are consumed. If some have not
+  /// arrived (the caller gave up: `why`), the link fails with `why`: no
+  /// socket may land bytes in `out` afterwards.
+  void recv_direct_end(const status& why) {
+    if (rbuf_ == nullptr) return;
+    if (received_ < rhi_) abandon("receive", why);
+    else consumed_ = rhi_;
+    rbuf_ = nullptr;
+    rlo_ = rhi_ = rseen_ = 0;
   }
 
   // ---- progress ------------------------------------------------------------
@@ -172,7 +261,10 @@ CCLITE_SETUP_CODE_END
   status wait(wait_for w, deadline until) {
     bool want_recv = has(w, wait_for::recv), want_send = has(w, wait_for::send);
     return progress_until(until, want_send, w, [&] {
-      return (want_recv && !recv_peek().empty()) || (want_send && !send_reserve(1).empty());
+      // With a direct window open: new bytes in it / all its ready bytes gone.
+      const bool in = rbuf_ != nullptr ? received_ > rseen_ : !recv_peek().empty();
+      const bool out = sbuf_ != nullptr ? sent_ >= shi_ : !send_reserve(1).empty();
+      return (want_recv && in) || (want_send && out);
     });
   }
 
@@ -209,8 +301,12 @@ CCLITE_SETUP_CODE_END
   // Striping (link_stripes.hpp).
   std::uint64_t block_end(std::uint64_t pos) const noexcept;
   std::uint64_t advance(std::uint64_t pos, std::uint64_t bytes) const noexcept;
-  int gather(std::uint64_t pos, std::uint64_t limit, std::uint8_t* ring, iovec* iov,
-             std::uint64_t& want) const noexcept;
+  int gather(std::uint64_t pos, std::uint64_t limit, std::uint8_t* ring, std::uint8_t* win,
+             std::uint64_t win_lo, std::uint64_t win_hi, iovec* iov, std::uint64_t& want) const noexcept;
+  // Where socket j may land received bytes up to (exclusive stream position).
+  std::uint64_t recv_room_end() const noexcept {
+    return rbuf_ != nullptr ? std::max(rhi_, consumed_ + cap_) : consumed_ + cap_;
+  }
   void push(int j);
   void push_all() {
     for (int j = 0; j < n_ && error_.ok(); ++j) push(j);
@@ -226,6 +322,7 @@ CCLITE_SETUP_CODE_END
   bool recv_starved_by_eof() const noexcept;
   status timeout_error(wait_for w, clock::time_point) const;
   const status& fail(status s);
+  void abandon(const char* what, const status& why);
 
   int peer_ = -1;
   int n_ = 0;
@@ -248,6 +345,14 @@ CCLITE_SETUP_CODE_END
   std::uint64_t eager_ = 0;
   int silent_s_ = detail::default_silent_s;
   const std::atomic<bool>* aborted_ = nullptr;
+  // Direct windows (null buffer: none open): send positions [slo_, shi_) come
+  // from sbuf_ (stotal_: the window's announced size); receive positions
+  // [rlo_, rhi_) land in rbuf_, the reader has seen them up to rseen_.
+  std::uint64_t direct_min_ = 0;  // 0: never
+  const std::uint8_t* sbuf_ = nullptr;
+  std::uint64_t slo_ = 0, shi_ = 0, stotal_ = 0;
+  std::uint8_t* rbuf_ = nullptr;
+  std::uint64_t rlo_ = 0, rhi_ = 0, rseen_ = 0;
   std::string desc_;  // "rank 3 (node1, pid 4242)"
   status error_;
 };

@@ -42,18 +42,28 @@ inline std::uint64_t link::advance(std::uint64_t pos, std::uint64_t bytes) const
   return pos;
 }
 
-// Fills iov with ring regions of socket j's stream from `pos` up to `limit`
-// (exclusive stream position). Returns the iov count; `want` = total bytes.
-inline int link::gather(std::uint64_t pos, std::uint64_t limit, std::uint8_t* ring, iovec* iov,
-                            std::uint64_t& want) const noexcept {
+// Fills iov with the memory of socket j's stream from `pos` up to `limit`
+// (exclusive stream position): ring regions, and for positions in the direct
+// window [win_lo, win_hi) the caller's buffer `win`. Returns the iov count;
+// `want` = total bytes.
+inline int link::gather(std::uint64_t pos, std::uint64_t limit, std::uint8_t* ring, std::uint8_t* win,
+                        std::uint64_t win_lo, std::uint64_t win_hi, iovec* iov,
+                        std::uint64_t& want) const noexcept {
   int cnt = 0;
   want = 0;
   while (cnt < max_iov && pos < limit) {
     std::uint64_t be = block_end(pos);
-    std::uint64_t off = pos % cap_;
     std::uint64_t len = std::min(be, limit) - pos;
-    len = std::min(len, cap_ - off);
-    std::uint8_t* base = ring + off;
+    std::uint8_t* base;
+    if (pos >= win_lo && pos < win_hi) {
+      base = win + (pos - win_lo);
+      len = std::min(len, win_hi - pos);
+    } else {
+      const std::uint64_t off = pos % cap_;
+      base = ring + off;
+      len = std::min(len, cap_ - off);
+      if (pos < win_lo) len = std::min(len, win_lo - pos);
+    }
     if (cnt > 0 && static_cast<std::uint8_t*>(iov[cnt - 1].iov_base) + iov[cnt - 1].iov_len == base) {
       iov[cnt - 1].iov_len += len;  // n == 1: consecutive blocks are adjacent
     } else {
@@ -70,7 +80,8 @@ inline void link::push(int j) {
   while (spos_[j] < committed_) {
     iovec iov[max_iov];
     std::uint64_t want = 0;
-    int cnt = gather(spos_[j], committed_, mem_.data(), iov, want);
+    // sendmsg only reads the window; iovec has no const variant.
+    int cnt = gather(spos_[j], committed_, mem_.data(), const_cast<std::uint8_t*>(sbuf_), slo_, shi_, iov, want);
     msghdr m{};
     m.msg_iov = iov;
     m.msg_iovlen = static_cast<decltype(m.msg_iovlen)>(cnt);
@@ -106,7 +117,7 @@ inline void link::pull_ready() {
   pollfd fds[max_nsocks];
   int want = 0;
   for (int j = 0; j < n_; ++j) {
-    const bool room = j != first && rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j));
+    const bool room = j != first && rpos_[j] < recv_room_end() && !(closed_mask_ & (1u << j));
     fds[j] = pollfd{fds_[j].get(), static_cast<short>(room ? POLLIN : 0), 0};
     want += room;
   }
@@ -125,10 +136,11 @@ inline void link::pull_polled(const pollfd* fds) {
 
 inline void link::pull(int j) {
   if (closed_mask_ & (1u << j)) return;
-  while (rpos_[j] < consumed_ + cap_) {
+  const std::uint64_t room_end = recv_room_end();
+  while (rpos_[j] < room_end) {
     iovec iov[max_iov];
     std::uint64_t want = 0;
-    int cnt = gather(rpos_[j], consumed_ + cap_, mem_.data() + cap_, iov, want);
+    int cnt = gather(rpos_[j], room_end, mem_.data() + cap_, rbuf_, rlo_, rhi_, iov, want);
     msghdr m{};
     m.msg_iov = iov;
     m.msg_iovlen = static_cast<decltype(m.msg_iovlen)>(cnt);

@@ -77,7 +77,7 @@ inline status link::progress_until(deadline until, bool needs_peer_reading, wait
     for (int j = 0; j < n_; ++j) {
       short ev = 0;
       if (spos_[j] < committed_) ev |= POLLOUT;
-      if (rpos_[j] < consumed_ + cap_ && !(closed_mask_ & (1u << j))) ev |= POLLIN;
+      if (rpos_[j] < recv_room_end() && !(closed_mask_ & (1u << j))) ev |= POLLIN;
       fds[j] = pollfd{fds_[j].get(), ev, 0};
     }
     // Spin (zero-timeout polls, no progress calls in between) until
@@ -142,6 +142,15 @@ inline status link::timeout_error(wait_for w, clock::time_point) const {
                     "received so far, %llu of ours not yet sent)",
                     desc_.c_str(), (unsigned long long)received_,
                     (unsigned long long)(committed_ - sent_));
+}
+
+// A direct window closed before its bytes moved: the link must never touch
+// the caller's buffer again (it may be freed now), so it fails, for good.
+inline void link::abandon(const char* what, const status& why) {
+  if (!error_.ok()) return;  // already failed: no socket call runs again
+  fail(make_error(why.ok() ? errc::invalid_argument : why.code(),
+                  "direct %s with %s abandoned midway (the link is unusable): %s", what, desc_.c_str(),
+                  why.ok() ? "closed before its bytes moved" : why.message().c_str()));
 }
 
 // Records the first hard error; every later poll()/wait() returns it.

@@ -31,6 +31,10 @@
 //                        0..100000 (default 200; see link.hpp)
 //   CCLITE_TCP_EAGER     pending bytes at which a commit pushes to the
 //                        sockets; 0 = only when waiting (default 0)
+//   CCLITE_TCP_DIRECT    messages of at least this many bytes move between
+//                        the sockets and the caller's buffer, not through
+//                        the rings (transport/direct.hpp); 0 = never
+//                        (default 1M)
 //   CCLITE_TCP_KEEPALIVE seconds a peer's host may leave every connection
 //                        unanswered before it is lost, 3..86400 (default 25;
 //                        socket.hpp)
@@ -80,12 +84,14 @@ struct transport_config {
   int sockbuf = 0;
   int spin_us = 200;
   std::size_t eager = 0;
+  /// Messages of at least this many bytes skip the rings (0: never).
+  std::size_t direct_min = std::size_t{1} << 20;
   /// Seconds a peer's host may leave the connections unanswered before it
   /// counts as lost (socket.hpp: keepalive, TCP_USER_TIMEOUT, listener probes).
   int keepalive_s = detail::default_silent_s;
 
   /// Reads CCLITE_NSOCKS, CCLITE_TCP_BUFFSIZE, CCLITE_TCP_BLOCK, CCLITE_TCP_SOCKBUF,
-  /// CCLITE_TCP_SPIN_US, CCLITE_TCP_EAGER, CCLITE_TCP_KEEPALIVE.
+  /// CCLITE_TCP_SPIN_US, CCLITE_TCP_EAGER, CCLITE_TCP_DIRECT, CCLITE_TCP_KEEPALIVE.
   /// Errors: invalid_argument naming the variable and its accepted range.
   static result<transport_config> from_env() {
     transport_config c;
@@ -133,6 +139,13 @@ struct transport_config {
                         (long long)eg.value());
     }
     c.eager = static_cast<std::size_t>(eg.value());
+    auto dm = env::get_int("TCP_DIRECT", 1 << 20, false);
+    if (!dm) return dm.error();
+    if (dm.value() < 0 || dm.value() > (std::int64_t(1) << 40)) {
+      return make_error(errc::invalid_argument, "CCLITE_TCP_DIRECT=%lld must be between 0 (never) and 1T",
+                        (long long)dm.value());
+    }
+    c.direct_min = static_cast<std::size_t>(dm.value());
     auto ka = env::get_int("TCP_KEEPALIVE", detail::default_silent_s, false);
     if (!ka) return ka.error();
     if (ka.value() < detail::min_silent_s || ka.value() > detail::max_silent_s) {
@@ -281,7 +294,8 @@ class transport {
     CCLITE_TRACE(log(), "tcp: connected to %s at %s with %d sockets", describe(peer).c_str(),
                  ep->to_string().c_str(), n);
     return link::create(peer, describe(peer), socks, n, cfg_.block, cfg_.buffsize, ctx_.aborted,
-                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager, cfg_.keepalive_s);
+                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager, cfg_.keepalive_s,
+                        cfg_.direct_min);
   }
 
   // Timeouts from the setup helpers ("timed out <what>") get the elapsed time.
@@ -453,7 +467,8 @@ class transport {
     }
     CCLITE_TRACE(log(), "tcp: accepted %s with %d sockets", describe(peer).c_str(), p.nsocks);
     return link::create(peer, describe(peer), p.socks, p.nsocks, p.block, cfg_.buffsize, ctx_.aborted,
-                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager, cfg_.keepalive_s);
+                        std::chrono::microseconds(cfg_.spin_us), cfg_.eager, cfg_.keepalive_s,
+                        cfg_.direct_min);
   }
 
   transport_context ctx_;
