@@ -630,15 +630,15 @@ TEST_CASE("collectives: outputs past the streaming threshold, allgather(v) and a
   }
 }
 
-// Large rooted calls and point-to-point messages over tcp, where the links'
-// direct windows (transport/direct.hpp) carry them between the sockets and the
-// caller's buffers: a 300 KiB threshold and 256 KiB rings, so windows are
+// Large rooted calls, point-to-point messages and pairwise exchanges over
+// tcp, where the links' direct windows (transport/direct.hpp) carry them
+// between the sockets and the caller's buffers: a 300 KiB threshold and 256 KiB rings, so windows are
 // longer than the ring and begin after read-ahead staged part of them. 3 ranks
 // make a chain with a middle rank forwarding out of its output; the tree's
 // pieces (a chunk: a quarter of the ring) stay staged, its calls still mix
 // both. Every root, odd counts, every value checked, then the same with
 // windows off (CCLITE_TCP_DIRECT=0) as the reference path.
-TEST_CASE("collectives: large broadcast, gather, scatter, reduce and send/recv over tcp, direct windows on and off") {
+TEST_CASE("collectives: large broadcast, gather, scatter, reduce, send/recv, sendrecv and alltoall over tcp, direct windows on and off") {
   for (const char* direct : {"300K", "0"}) {
     for (const char* algo : {"ring", "broadcast:tree,reduce:tree"}) {
       test::temp_dir dir;
@@ -649,6 +649,7 @@ TEST_CASE("collectives: large broadcast, gather, scatter, reduce and send/recv o
             auto c = test::make_comm(*kv, rank, sz);
             const std::size_t N = static_cast<std::size_t>(sz), me = static_cast<std::size_t>(rank);
             const std::size_t count = (5u << 20) / 4 + 3;
+            auto b_of = [](std::size_t c) { return c / 2; };
             auto tagged = [](std::size_t q, std::size_t i) { return static_cast<std::uint32_t>(q * 2654435761u + i * 7u); };
             int bad = 0;
             for (int root = 0; root < sz; ++root) {
@@ -684,6 +685,17 @@ TEST_CASE("collectives: large broadcast, gather, scatter, reduce and send/recv o
               MP_REQUIRE_OK(c->send(out.data(), count, dtype::uint32, next));
             }
             for (std::size_t i = 0; i < count; ++i) bad += in[i] != tagged(static_cast<std::size_t>(prev) + 20, i);
+            // sendrecv: both directions' windows open at once, on two links
+            std::fill(in.begin(), in.end(), 0u);
+            MP_REQUIRE_OK(c->sendrecv(out.data(), count, next, in.data(), count, prev, dtype::uint32));
+            for (std::size_t i = 0; i < count; ++i) bad += in[i] != tagged(static_cast<std::size_t>(prev) + 20, i);
+            // alltoall: pairwise exchanges of 2.5 MiB blocks
+            std::vector<std::uint32_t> a_out(b_of(count) * N), a_in(b_of(count) * N, 0);
+            for (std::size_t q = 0; q < N; ++q)
+              for (std::size_t i = 0; i < b_of(count); ++i) a_out[q * b_of(count) + i] = tagged(me * 16 + q + 40, i);
+            MP_REQUIRE_OK(c->alltoall(a_out.data(), a_in.data(), b_of(count), dtype::uint32));
+            for (std::size_t q = 0; q < N; ++q)
+              for (std::size_t i = 0; i < b_of(count); ++i) bad += a_in[q * b_of(count) + i] != tagged(q * 16 + me + 40, i);
             if (bad) std::fprintf(stderr, "rank %d: %d values wrong\n", rank, bad);
             MP_CHECK(bad == 0);
             MP_REQUIRE_OK(c->barrier());

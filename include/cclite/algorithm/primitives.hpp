@@ -17,10 +17,10 @@
 // intermediate buffer). A verb returns only when all its bytes have moved, or
 // with the first error of either link (timeout, peer_lost, aborted).
 //
-// send, recv and recv_copy_send of large messages over links with direct
-// windows (transport/direct.hpp: tcp) skip the FIFOs: the sockets read from
-// and write into the caller's buffer, and a middle rank forwards out of its
-// output what has arrived there.
+// send, recv, recv_copy_send and sendrecv of large messages over links with
+// direct windows (transport/direct.hpp: tcp) skip the FIFOs: the sockets read
+// from and write into the caller's buffers, and a middle rank forwards out of
+// its output what has arrived there.
 #pragma once
 
 #include <algorithm>
@@ -78,7 +78,7 @@ class primitives {
   void will_finish() noexcept { last_ = true; }
 
   status send(const std::uint8_t* src, std::size_t bytes) {
-    if (direct_ok(bytes) && begin_send(src, bytes, bytes)) return direct_pump(bytes, false, true);
+    if (direct_ok(bytes) && begin_send(src, bytes, bytes)) return direct_pump(false, 0, true, bytes, false);
     return pump(bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
       pass_on(dst, src + off, n);
     });
@@ -108,7 +108,7 @@ class primitives {
   }
 
   status recv(std::uint8_t* out, std::size_t bytes) {
-    if (direct_ok(bytes) && begin_recv(out, bytes)) return direct_pump(bytes, true, false);
+    if (direct_ok(bytes) && begin_recv(out, bytes)) return direct_pump(true, bytes, false, 0, false);
     return pump(bytes, true, false, [&](const std::uint8_t* in, std::uint8_t*, std::size_t n, std::size_t off) {
       keep(out + off, in, n);
     });
@@ -119,7 +119,7 @@ class primitives {
     // over `out` as bytes arrive there (nothing of it is committed if the
     // receive side refuses, so closing it then is harmless).
     if (direct_ok(bytes) && begin_send(out, 0, bytes)) {
-      if (begin_recv(out, bytes)) return direct_pump(bytes, true, true);
+      if (begin_recv(out, bytes)) return direct_pump(true, bytes, true, bytes, true);
       end_send(status{});
     }
     return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
@@ -190,6 +190,16 @@ class primitives {
   /// than a FIFO's worth with each other cannot deadlock.
   status sendrecv(const std::uint8_t* src, std::size_t send_bytes, std::uint8_t* out,
                   std::size_t recv_bytes) {
+    // Both directions large over links with direct windows: neither side
+    // needs buffer space from the other, so both windows open at once (the
+    // send window empty first: closing it is harmless if the receive refuses).
+    if (direct_ok(send_bytes) && direct_ok(recv_bytes) && begin_send(src, 0, send_bytes)) {
+      if (begin_recv(out, recv_bytes)) {
+        if constexpr (has_direct) next_.send_direct_extend(send_bytes);
+        return direct_pump(true, recv_bytes, true, send_bytes, false);
+      }
+      end_send(status{});
+    }
     // After will_finish() the end pad follows the data in the same loop (it
     // must not wait for the receive): zeros, a multiple of elem_ since sent_
     // and send_bytes are.
@@ -350,13 +360,14 @@ class primitives {
     if constexpr (has_direct) next_.send_direct_end(why);
   }
 
-  // A verb's `bytes` through open direct windows: `in`, prev's receive window
-  // (complete when all arrived); `out`, next's send window (complete when all
-  // left), extended over what arrived when both are open. The windows are
-  // closed on every exit; closed early, they fail their links (direct.hpp).
-  status direct_pump(std::size_t bytes, bool in, bool out) {
+  // A verb's bytes through open direct windows: `in`, prev's receive window
+  // of `in_bytes` (complete when all arrived); `out`, next's send window of
+  // `out_bytes` (complete when all left), extended over what arrived when
+  // `forward` (recv_copy_send: the same bytes). The windows are closed on
+  // every exit; closed early, they fail their links (direct.hpp).
+  status direct_pump(bool in, std::size_t in_bytes, bool out, std::size_t out_bytes, bool forward) {
     if constexpr (has_direct) {
-      std::size_t got = in ? 0 : bytes, left = out ? next_.send_direct_left() : 0;
+      std::size_t got = in ? 0 : in_bytes, left = out ? next_.send_direct_left() : 0;
       int idle = 0;
       status st;
       for (;;) {
@@ -366,7 +377,7 @@ class primitives {
           if (a != got) {
             got = a;
             moved = true;
-            if (out) next_.send_direct_extend(a);
+            if (forward) next_.send_direct_extend(a);
           }
         }
         if (out) {
@@ -374,24 +385,24 @@ class primitives {
           moved |= l != left;
           left = l;
         }
-        if (got == bytes && left == 0) break;
+        if (got == in_bytes && left == 0) break;
         if (moved) {
           idle = 0;
           stalled_ = false;
         }
-        const bool short_in = got < bytes;
+        const bool short_in = got < in_bytes;
         st = stall(short_in, out, short_in ? wait_for::recv : wait_for::send, idle);
         if (!st.ok()) break;
       }
       if (in) prev_.recv_direct_end(st);
       if (out) next_.send_direct_end(st);
       CCLITE_TRY(st);
-      if (in) received_ += bytes;
+      if (in) received_ += in_bytes;
       if (!out) return {};
-      sent_ += bytes;
+      sent_ += out_bytes;
       return last_ && end_pad(sent_) ? pad_out() : status{};
     } else {
-      (void)bytes, (void)in, (void)out;
+      (void)in, (void)in_bytes, (void)out, (void)out_bytes, (void)forward;
       return status(errc::unsupported, "direct_pump over links without direct windows");
     }
   }
