@@ -36,9 +36,10 @@
 // its buffers hold would wait. The algorithms never ask that: a ring round
 // sends at most a chunk per step (CCLITE_CHUNKSIZE, at most a quarter of the
 // smallest link buffer), which the peer's receive ring takes while the peer
-// sends too, and the verbs that move whole messages (a chain broadcast, a
-// reduce chain's first hop, a scan's hops, gather / scatter to and from the
-// root) have a receiving peer.
+// sends too; the verbs that move whole messages (a chain broadcast, a reduce
+// chain's first hop, a scan's hops, gather / scatter to and from the root)
+// have a receiving peer; and a sendrecv goes direct only with both windows
+// open, so neither side needs buffer space from the other.
 #pragma once
 
 #include <cstddef>
