@@ -62,46 +62,25 @@ class any_link {
   // Direct windows (transport/direct.hpp), where the held link has them;
   // elsewhere begin is refused and the rest does nothing.
   bool send_direct_begin(const std::uint8_t* src, std::size_t ready, std::size_t total) {
-    return on([&](auto& l) {
-      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return l.send_direct_begin(src, ready, total);
-      else return false;
-    }, [] { return false; });
+    return on_direct(false, [&](auto& l) { return l.send_direct_begin(src, ready, total); });
   }
   void send_direct_extend(std::size_t ready) {
-    on([&](auto& l) {
-      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) l.send_direct_extend(ready);
-      return 0;
-    }, [] { return 0; });
+    on_direct(0, [&](auto& l) { return l.send_direct_extend(ready), 0; });
   }
   std::size_t send_direct_left() {
-    return on([&](auto& l) -> std::size_t {
-      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return l.send_direct_left();
-      else return 0;
-    }, [] { return std::size_t{0}; });
+    return on_direct(std::size_t{0}, [&](auto& l) { return l.send_direct_left(); });
   }
   void send_direct_end(const status& why) {
-    on([&](auto& l) {
-      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) l.send_direct_end(why);
-      return 0;
-    }, [] { return 0; });
+    on_direct(0, [&](auto& l) { return l.send_direct_end(why), 0; });
   }
   bool recv_direct_begin(std::uint8_t* out, std::size_t bytes) {
-    return on([&](auto& l) {
-      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return l.recv_direct_begin(out, bytes);
-      else return false;
-    }, [] { return false; });
+    return on_direct(false, [&](auto& l) { return l.recv_direct_begin(out, bytes); });
   }
   std::size_t recv_direct_arrived() {
-    return on([&](auto& l) -> std::size_t {
-      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return l.recv_direct_arrived();
-      else return 0;
-    }, [] { return std::size_t{0}; });
+    return on_direct(std::size_t{0}, [&](auto& l) { return l.recv_direct_arrived(); });
   }
   void recv_direct_end(const status& why) {
-    on([&](auto& l) {
-      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) l.recv_direct_end(why);
-      return 0;
-    }, [] { return 0; });
+    on_direct(0, [&](auto& l) { return l.recv_direct_end(why), 0; });
   }
 
   int peer() const {
@@ -124,6 +103,15 @@ class any_link {
   static auto flush_one(L& l, deadline until) -> decltype(l.flush(until)) { return l.flush(until); }
   template <class L, class... Ignored>
   static status flush_one(L&, deadline, Ignored...) { return {}; }
+
+  // `f(link)` where the held link has direct windows, else `none`.
+  template <class R, class F>
+  R on_direct(R none, F&& f) {
+    return on([&](auto& l) -> R {
+      if constexpr (direct::has_windows_v<std::decay_t<decltype(l)>>) return f(l);
+      else return none;
+    }, [&] { return none; });
+  }
 
   // Index-checked dispatch without std::visit: a chain of compares that GCC
   // and Clang turn into a jump or two, and no bad_variant_access path (this
