@@ -649,7 +649,7 @@ TEST_CASE("collectives: large broadcast, gather, scatter, reduce, send/recv, sen
             auto c = test::make_comm(*kv, rank, sz);
             const std::size_t N = static_cast<std::size_t>(sz), me = static_cast<std::size_t>(rank);
             const std::size_t count = (5u << 20) / 4 + 3;
-            auto b_of = [](std::size_t c) { return c / 2; };
+            const std::size_t b = count / 2;  // gather / scatter / alltoall blocks (2.5 MiB)
             auto tagged = [](std::size_t q, std::size_t i) { return static_cast<std::uint32_t>(q * 2654435761u + i * 7u); };
             int bad = 0;
             for (int root = 0; root < sz; ++root) {
@@ -659,8 +659,7 @@ TEST_CASE("collectives: large broadcast, gather, scatter, reduce, send/recv, sen
                 for (std::size_t i = 0; i < count; ++i) buf[i] = tagged(R, i);
               MP_REQUIRE_OK(c->broadcast(buf.data(), count, dtype::uint32, root));
               for (std::size_t i = 0; i < count; ++i) bad += buf[i] != tagged(R, i);
-              // gather / scatter: blocks of count / 2 elements (2.5 MiB each)
-              const std::size_t b = count / 2;
+              // gather / scatter: blocks of b elements
               std::vector<std::uint32_t> mine(b), all(b * N, 0), back(b, 0);
               for (std::size_t i = 0; i < b; ++i) mine[i] = tagged(me + 10, i);
               MP_REQUIRE_OK(c->gather(mine.data(), rank == root ? all.data() : nullptr, b, dtype::uint32, root));
@@ -690,12 +689,12 @@ TEST_CASE("collectives: large broadcast, gather, scatter, reduce, send/recv, sen
             MP_REQUIRE_OK(c->sendrecv(out.data(), count, next, in.data(), count, prev, dtype::uint32));
             for (std::size_t i = 0; i < count; ++i) bad += in[i] != tagged(static_cast<std::size_t>(prev) + 20, i);
             // alltoall: pairwise exchanges of 2.5 MiB blocks
-            std::vector<std::uint32_t> a_out(b_of(count) * N), a_in(b_of(count) * N, 0);
+            std::vector<std::uint32_t> a_out(b * N), a_in(b * N, 0);
             for (std::size_t q = 0; q < N; ++q)
-              for (std::size_t i = 0; i < b_of(count); ++i) a_out[q * b_of(count) + i] = tagged(me * 16 + q + 40, i);
-            MP_REQUIRE_OK(c->alltoall(a_out.data(), a_in.data(), b_of(count), dtype::uint32));
+              for (std::size_t i = 0; i < b; ++i) a_out[q * b + i] = tagged(me * 16 + q + 40, i);
+            MP_REQUIRE_OK(c->alltoall(a_out.data(), a_in.data(), b, dtype::uint32));
             for (std::size_t q = 0; q < N; ++q)
-              for (std::size_t i = 0; i < b_of(count); ++i) bad += a_in[q * b_of(count) + i] != tagged(q * 16 + me + 40, i);
+              for (std::size_t i = 0; i < b; ++i) bad += a_in[q * b + i] != tagged(q * 16 + me + 40, i);
             if (bad) std::fprintf(stderr, "rank %d: %d values wrong\n", rank, bad);
             MP_CHECK(bad == 0);
             MP_REQUIRE_OK(c->barrier());
