@@ -637,9 +637,19 @@ TEST_CASE("collectives: outputs past the streaming threshold, allgather(v) and a
 // make a chain with a middle rank forwarding out of its output; the tree's
 // pieces (a chunk: a quarter of the ring) stay staged, its calls still mix
 // both. Every root, odd counts, every value checked, then the same with
-// windows off (CCLITE_TCP_DIRECT=0) as the reference path.
-TEST_CASE("collectives: large broadcast, gather, scatter, reduce, send/recv, sendrecv and alltoall over tcp, direct windows on and off") {
-  for (const char* direct : {"300K", "0"}) {
+// windows off (CCLITE_TCP_DIRECT=0) as the reference path. Then 2 fake nodes
+// (ranks 0, 1 | 2): sendrecv and alltoall pair a tcp window with an shm FIFO
+// (rank 0 receives through a window, rank 1 sends through one), and the
+// chain's middle rank, shm in and tcp out (root 0) or the reverse (root 2),
+// stays staged beside windows elsewhere. A sendrecv whose directions differ in
+// size pairs a window with a FIFO on tcp alone.
+TEST_CASE("collectives: large broadcast, gather, scatter, reduce, send/recv, sendrecv and alltoall over tcp and mixed links, direct windows on and off") {
+  struct layout {
+    net how;
+    const char* direct;
+  };
+  for (const layout lay : {layout{net::tcp_only, "300K"}, layout{net::tcp_only, "0"}, layout{net::mixed, "300K"}}) {
+    const char* direct = lay.direct;
     for (const char* algo : {"ring", "broadcast:tree,reduce:tree"}) {
       test::temp_dir dir;
       auto r = test::run_ranks(
@@ -688,6 +698,15 @@ TEST_CASE("collectives: large broadcast, gather, scatter, reduce, send/recv, sen
             std::fill(in.begin(), in.end(), 0u);
             MP_REQUIRE_OK(c->sendrecv(out.data(), count, next, in.data(), count, prev, dtype::uint32));
             for (std::size_t i = 0; i < count; ++i) bad += in[i] != tagged(static_cast<std::size_t>(prev) + 20, i);
+            // sendrecv, one direction small: rank 1 sends 100 elements, the
+            // others the whole buffer (rank 1 receives large and sends small,
+            // rank 2 the reverse)
+            auto shift_count = [&](int r) { return r == 1 ? std::size_t{100} : count; };
+            std::fill(in.begin(), in.end(), 0u);
+            MP_REQUIRE_OK(c->sendrecv(out.data(), shift_count(rank), next, in.data(), shift_count(prev), prev,
+                                      dtype::uint32));
+            for (std::size_t i = 0; i < count; ++i)
+              bad += in[i] != (i < shift_count(prev) ? tagged(static_cast<std::size_t>(prev) + 20, i) : 0u);
             // alltoall: pairwise exchanges of 2.5 MiB blocks
             std::vector<std::uint32_t> a_out(b * N), a_in(b * N, 0);
             for (std::size_t q = 0; q < N; ++q)
@@ -701,12 +720,13 @@ TEST_CASE("collectives: large broadcast, gather, scatter, reduce, send/recv, sen
             return 0;
           },
           std::chrono::seconds(180), [&](int rank) {
-            test::set_net_env(net::tcp_only, rank, 3);
+            test::set_net_env(lay.how, rank, 3);
             ::setenv("CCLITE_TCP_DIRECT", direct, 1);
             ::setenv("CCLITE_TCP_BUFFSIZE", "256K", 1);
             ::setenv("CCLITE_ALGO", algo, 1);
           });
-      INFO("CCLITE_TCP_DIRECT=", std::string(direct), " CCLITE_ALGO=", std::string(algo), ": ", r.describe());
+      INFO(test::to_string(lay.how), ", CCLITE_TCP_DIRECT=", std::string(direct), " CCLITE_ALGO=", std::string(algo),
+           ": ", r.describe());
       CHECK(r.all_ok());
     }
   }

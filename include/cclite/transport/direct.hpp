@@ -38,8 +38,8 @@
 // smallest link buffer), which the peer's receive ring takes while the peer
 // sends too; the verbs that move whole messages (a chain broadcast, a reduce
 // chain's first hop, a scan's hops, gather / scatter to and from the root)
-// have a receiving peer; and a sendrecv goes direct only with both windows
-// open, so neither side needs buffer space from the other.
+// have a receiving peer; and a sendrecv moves its receive (window or FIFO)
+// in the same loop as its send window, so its peer's sends never wait on it.
 #pragma once
 
 #include <cstddef>
