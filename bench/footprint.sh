@@ -10,7 +10,7 @@
 #  2. stripped size of hello_allreduce linked with -static-libstdc++ -static-libgcc
 #     and dynamically, and of edge_sensor_average (-O2, -s); and hello_allreduce
 #     built for size (-Os) and as the embedded configuration (-Os -fno-exceptions
-#     -fno-rtti), dynamic; and where hello_allreduce's -O2 code goes, by part of
+#     -fno-rtti, then also without unwind tables), dynamic; and where hello_allreduce's -O2 code goes, by part of
 #     cclite (the last table; function by function:
 #       g++ -O2 ... -c samples/hello_allreduce.cpp && nm -C -S --size-sort hello_allreduce.o)
 #  3. resident memory of each rank of a 2-rank job at rest (after set-up and
@@ -21,7 +21,7 @@
 #     CCLITE_CHUNKSIZE=4K, CCLITE_TCP_BLOCK=4K)
 #
 # Everything is built in a temporary directory; nothing in build/ is touched.
-# Takes a few minutes (the umbrella header is compiled 7 times).
+# Takes a few minutes (the umbrella header is compiled 8 times).
 set -euo pipefail
 CXX=${1:-g++}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -95,6 +95,10 @@ read -r ew eu < <(timed "$CXX" -std=c++17 -O2 "${tcp_defs[@]}" -I"$root/include"
 "$CXX" -std=c++17 -Os "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" -o "$tmp/hello_os" -s -pthread
 "$CXX" -std=c++17 -Os -fno-exceptions -fno-rtti "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" \
   -o "$tmp/hello_os_noexc" -s -pthread
+# Without exceptions the unwind tables (.eh_frame, ~45 KiB here) serve only
+# backtraces and debuggers without debug info; firmware builds drop them.
+"$CXX" -std=c++17 -Os -fno-exceptions -fno-rtti -fno-asynchronous-unwind-tables "${defs[@]}" "${inc[@]}" \
+  "$root/samples/hello_allreduce.cpp" -o "$tmp/hello_os_nounwind" -s -pthread
 # KiB with one decimal (a figure at 299.5 must not print as 300, nor 300.4 as 300)
 kib() { awk -v b="$(stat -c %s "$1")" 'BEGIN { printf "%.1f", b / 1024 }'; }
 
@@ -152,6 +156,7 @@ printf '%-58s %s KiB\n' "edge_sensor_average stripped, -static-libstdc++" "$(kib
 printf '%-58s %s KiB\n' "edge_sensor_average stripped, dynamic" "$(kib "$tmp/edge_dyn")"
 printf '%-58s %s KiB\n' "hello_allreduce stripped, -Os, dynamic" "$(kib "$tmp/hello_os")"
 printf '%-58s %s KiB\n' "  ... -Os -fno-exceptions -fno-rtti, dynamic" "$(kib "$tmp/hello_os_noexc")"
+printf '%-58s %s KiB\n' "  ... and -fno-asynchronous-unwind-tables, dynamic" "$(kib "$tmp/hello_os_nounwind")"
 printf '%-58s %s\n' "2 ranks at rest, VmRSS/Pss KiB (rank 0, rank 1):" ""
 printf '%-58s %s\n' "  shm, default buffers (4M FIFOs)" "$m_shm"
 printf '%-58s %s\n' "  tcp, default buffers (4M rings, 2 sockets)" "$m_tcp"

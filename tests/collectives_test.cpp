@@ -886,6 +886,26 @@ TEST_CASE("collectives: overlapping send and recv buffers are refused unless in 
     MP_CHECK(refused(c->alltoallv(b, cnt.data(), dsp.data(), b + 1, cnt.data(), dsp.data(), dtype::int32),
                      "send == recv"));
     MP_CHECK(refused(c->reduce_scatterv(b, b + dsp[me] + 1, cnt.data(), reduce_op::sum), "recv == send + (recv_counts[0]"));
+    // receive blocks overlapping each other: two peers would write the same
+    // elements (rank 2's block starts at rank 1's last element)
+    std::vector<std::int32_t> src(k, rank), dst(n * k + 8, 0);
+    std::vector<std::size_t> over(dsp);
+    over[2] = over[1] + k - 1;
+    auto blocks_refused = [&](const status& st) {
+      return st.code() == errc::invalid_argument &&
+             st.message().find("recv blocks of rank 1 (displacement 4, count 4) and rank 2 (displacement 7") != std::string::npos;
+    };
+    MP_CHECK(blocks_refused(c->allgatherv(src.data(), k, dst.data(), cnt.data(), over.data(), dtype::int32)));
+    MP_CHECK(blocks_refused(c->allgatherv_async(src.data(), k, dst.data(), cnt.data(), over.data(), dtype::int32).wait()));
+    std::vector<std::int32_t> all_src(n * k, rank);
+    MP_CHECK(blocks_refused(c->alltoallv(all_src.data(), cnt.data(), dsp.data(), dst.data(), cnt.data(), over.data(), dtype::int32)));
+    MP_CHECK(blocks_refused(c->alltoallv_async(all_src.data(), cnt.data(), dsp.data(), dst.data(), cnt.data(), over.data(),
+                                              dtype::int32).wait()));
+    // the same blocks in reverse rank order are disjoint: accepted, every block where its displacement says
+    std::vector<std::size_t> rev(n);
+    for (std::size_t i = 0; i < n; ++i) rev[i] = (n - 1 - i) * k;
+    MP_REQUIRE_OK(c->allgatherv(src.data(), k, dst.data(), cnt.data(), rev.data(), dtype::int32));
+    for (std::size_t i = 0; i < n * k; ++i) MP_CHECK(dst[i] == static_cast<std::int32_t>(n - 1 - i / k));
     // disjoint buffers that merely touch are fine, and the communicator was left usable
     std::vector<std::int32_t> mine(k, rank + 1);
     MP_REQUIRE_OK(c->allreduce(mine.data(), b, k, reduce_op::sum));

@@ -2,8 +2,9 @@
 #
 #   edge_sensor_average_3ranks  samples/edge_sensor_average (communicator<tcp>
 #                               only) as 3 processes on loopback via cclite-run
-#   embedded_no_exceptions      this tree again, with -fno-exceptions -fno-rtti,
-#                               in build/tests/embedded/noexcept: the core, shm,
+#   embedded_no_exceptions      this tree again, with -fno-exceptions -fno-rtti
+#                               -fno-asynchronous-unwind-tables (no .eh_frame, as
+#                               firmware builds), in build/tests/embedded/noexcept: the core, shm,
 #                               tcp and launcher tests, cclite-run and the samples
 #                               build; unit, shm, tcp and launcher tests run, and
 #                               hello_allreduce (shm, tcp) and edge_sensor_average
@@ -58,7 +59,7 @@ add_test(NAME embedded_no_exceptions
   COMMAND ${CMAKE_COMMAND} ${_emb_common}
           "-DBINARY_DIR=${_emb_dir}/noexcept"
           "-DCXX_COMPILER=${CMAKE_CXX_COMPILER}"
-          "-DCXX_FLAGS=-fno-exceptions -fno-rtti -DDOCTEST_CONFIG_NO_EXCEPTIONS_BUT_WITH_ALL_ASSERTS"
+          "-DCXX_FLAGS=-fno-exceptions -fno-rtti -fno-asynchronous-unwind-tables -DDOCTEST_CONFIG_NO_EXCEPTIONS_BUT_WITH_ALL_ASSERTS"
           "-DTARGETS=unit_test|shm_transport_test|tcp_transport_test|launcher_test|cclite-run|hello_allreduce|edge_sensor_average"
           "-DTESTS=${CCLITE_EMBEDDED_TEST_REGEX}"
           "-DRUNS=hello_allreduce:2:-|hello_allreduce:2:CCLITE_SHM_DISABLE=1|edge_sensor_average:3:-"

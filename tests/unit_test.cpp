@@ -2,6 +2,7 @@
 // topology, the async work queue.
 #include <cclite/algorithm/recursive_doubling.hpp>
 #include <cclite/algorithm/schedule.hpp>
+#include <cclite/collective/op.hpp>
 #include <cclite/collective/select.hpp>
 #include <cclite/core/dtype.hpp>
 #include <cclite/core/env.hpp>
@@ -409,6 +410,37 @@ TEST_CASE("result<T>: value or error, never both") {
 #if CCLITE_HAS_EXCEPTIONS
   CHECK_THROWS_AS(bad.value(), cclite::error);
 #endif
+}
+
+TEST_CASE("v-variant receive blocks: overlapping ones are refused, naming both ranks, in any order") {
+  auto check = [](std::vector<std::size_t> counts, std::vector<std::size_t> displs) {
+    return detail::check_blocks_disjoint("allgatherv", counts.data(), displs.data(), counts.size());
+  };
+  // disjoint: ascending, touching, with gaps, empty blocks anywhere, reversed, shuffled
+  CHECK(check({4, 4, 4}, {0, 4, 8}).ok());
+  CHECK(check({4, 0, 4}, {0, 2, 4}).ok());  // an empty block inside another is nothing
+  CHECK(check({2, 3, 1}, {10, 0, 5}).ok());
+  CHECK(check({4, 4, 4}, {8, 4, 0}).ok());
+  CHECK(check({}, {}).ok());
+  // overlapping, ascending: ranks 0 and 1 share an element
+  status st = check({4, 4, 4}, {0, 3, 8});
+  CHECK(st.code() == errc::invalid_argument);
+  CHECK(st.message() ==
+        "allgatherv: the recv blocks of rank 0 (displacement 0, count 4) and rank 1 (displacement 3, count 4) "
+        "overlap: two peers would write the same elements");
+  // reversed: rank 2's block reaches into rank 1's
+  st = check({4, 4, 4}, {8, 4, 1});
+  CHECK(st.code() == errc::invalid_argument);
+  CHECK(st.message().find("rank 1 (displacement 4, count 4) and rank 2 (displacement 1, count 4)") != std::string::npos);
+  // a long block covers a later one, in shuffled order
+  st = check({2, 10, 2, 2}, {20, 0, 14, 4});
+  CHECK(st.code() == errc::invalid_argument);
+  CHECK(st.message().find("rank 1 (displacement 0, count 10) and rank 3 (displacement 4, count 2)") != std::string::npos);
+  // the same block twice (equal displacements), in no order
+  CHECK(check({3, 5, 5}, {20, 7, 7}).code() == errc::invalid_argument);
+  // null arrays and overflowing blocks are validate()'s to report
+  CHECK(detail::check_blocks_disjoint("alltoallv", nullptr, nullptr, 3).ok());
+  CHECK(check({SIZE_MAX, 4}, {8, 0}).ok());
 }
 
 TEST_CASE("algorithm selection: automatic by size, CCLITE_ALGO overrides, typos are errors") {

@@ -171,6 +171,8 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
 
   /// Allgather with per-rank counts: rank r's `send` (counts[r] elements) lands
   /// at recv + displs[r]. `counts`, `displs`: size() entries, equal on all ranks.
+  /// Blocks that overlap each other are refused (invalid_argument), in any
+  /// rank order; in place: send == recv + displs[rank()].
   status allgatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
                     const std::size_t* displs, dtype t);
   work allgatherv_async(const void* send, std::size_t send_count, void* recv, const std::size_t* counts,
@@ -243,7 +245,8 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
     return submit(rooted<collective_kind::alltoall>(send, recv, count, t, reduce_op::sum, 0));
   }
 
-  /// Alltoall with per-peer counts and displacements (size() entries each).
+  /// Alltoall with per-peer counts and displacements (size() entries each);
+  /// receive blocks that overlap each other are refused (invalid_argument).
   /// In place (send == recv): the recv counts and displacements are used both
   /// ways (send ones may be null) and must be symmetric, as MPI_IN_PLACE says.
   status alltoallv(const void* send, const std::size_t* send_counts, const std::size_t* send_displs,
@@ -272,8 +275,9 @@ class communicator final : private detail::comm_dispatch<communicator<Transports
   /// elements) lands at root's recv + recv_displs[r]. `recv_counts` and
   /// `recv_displs` (size() entries) are read on the root only and may be null
   /// elsewhere, as is `recv`; recv_counts[r] must equal rank r's send_count
-  /// (checked on every message: errc::mismatch naming the rank). In place on
-  /// the root: send == recv + recv_displs[root].
+  /// (checked on every message: errc::mismatch naming the rank); blocks that
+  /// overlap each other are refused on the root (invalid_argument). In place
+  /// on the root: send == recv + recv_displs[root].
   status gatherv(const void* send, std::size_t send_count, void* recv, const std::size_t* recv_counts,
                  const std::size_t* recv_displs, dtype t, int root);
   work gatherv_async(const void* send, std::size_t send_count, void* recv, const std::size_t* recv_counts,

@@ -41,16 +41,21 @@ inline status communicator<Transports...>::group_end() {
 
 // ---- the v-variants and point to point ----------------------------------------------------
 
+// allgatherv and alltoallv check their receive blocks first (op.hpp: validate_recv_blocks).
 template <class... Transports>
 inline status communicator<Transports...>::allgatherv(const void* send, std::size_t send_count, void* recv,
                                                       const std::size_t* counts, const std::size_t* displs, dtype t) {
-  return run(vdesc<collective_kind::allgatherv>(send, send_count, recv, counts, displs, nullptr, nullptr, t));
+  const op_desc d = vdesc<collective_kind::allgatherv>(send, send_count, recv, counts, displs, nullptr, nullptr, t);
+  CCLITE_TRY(detail::validate_recv_blocks(d, size_));
+  return run(d);
 }
 template <class... Transports>
 inline work communicator<Transports...>::allgatherv_async(const void* send, std::size_t send_count, void* recv,
                                                           const std::size_t* counts, const std::size_t* displs,
                                                           dtype t) {
-  return submit(vdesc<collective_kind::allgatherv>(send, send_count, recv, counts, displs, nullptr, nullptr, t));
+  const op_desc d = vdesc<collective_kind::allgatherv>(send, send_count, recv, counts, displs, nullptr, nullptr, t);
+  status st = detail::validate_recv_blocks(d, size_);
+  return st.ok() ? submit(d) : work::failed(std::move(st));
 }
 
 template <class... Transports>
@@ -58,16 +63,20 @@ inline status communicator<Transports...>::alltoallv(const void* send, const std
                                                      const std::size_t* send_displs, void* recv,
                                                      const std::size_t* recv_counts, const std::size_t* recv_displs,
                                                      dtype t) {
-  return run(vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
-                   recv_displs, t));
+  const op_desc d = vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
+                                                      recv_displs, t);
+  CCLITE_TRY(detail::validate_recv_blocks(d, size_));
+  return run(d);
 }
 template <class... Transports>
 inline work communicator<Transports...>::alltoallv_async(const void* send, const std::size_t* send_counts,
                                                          const std::size_t* send_displs, void* recv,
                                                          const std::size_t* recv_counts,
                                                          const std::size_t* recv_displs, dtype t) {
-  return submit(vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
-                      recv_displs, t));
+  const op_desc d = vdesc<collective_kind::alltoallv>(send, 0, recv, send_counts, send_displs, recv_counts,
+                                                      recv_displs, t);
+  status st = detail::validate_recv_blocks(d, size_);
+  return st.ok() ? submit(d) : work::failed(std::move(st));
 }
 
 // gatherv and scatterv check the root's arrays first (op.hpp: validate_root_of_v).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include <cclite/core/clock.hpp>
 #include <cclite/core/dtype.hpp>
@@ -165,6 +166,58 @@ inline void extend(std::size_t& end, std::size_t count, std::size_t displ) {
   if (count != 0) end = std::max(end, displ + count);
 }
 
+/// Receive blocks (`counts[r]` elements at `displs[r]`, r < n) that overlap
+/// each other: two peers would write the same elements, which one lands last
+/// depends on timing, and a ring that forwards out of the output passes the
+/// mixture on (MPI calls such arguments erroneous and leaves them unchecked).
+/// invalid_argument naming both ranks. One pass when the non-empty blocks
+/// ascend with the rank (the usual layout); otherwise a sorted copy of their
+/// order (allocated: only for such layouts). Null arrays and overflowing
+/// blocks pass here: validate() reports them.
+CCLITE_NOINLINE inline status check_blocks_disjoint(const char* name, const std::size_t* counts,
+                                                    const std::size_t* displs, std::size_t n) {
+  if (!counts || !displs) return {};
+  for (std::size_t r = 0; r < n; ++r)
+    if (counts[r] > SIZE_MAX - displs[r]) return {};
+  std::size_t end = 0;  // the furthest element the blocks so far reach
+  bool ascending = true;
+  for (std::size_t r = 0; r < n && ascending; ++r) {
+    if (counts[r] == 0) continue;
+    ascending = displs[r] >= end;
+    end = displs[r] + counts[r];
+  }
+  if (ascending) return {};
+  std::vector<std::size_t> order;
+  for (std::size_t r = 0; r < n; ++r)
+    if (counts[r] != 0) order.push_back(r);
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return displs[a] != displs[b] ? displs[a] < displs[b] : a < b;
+  });
+  std::size_t far = order.front();  // of the blocks so far, the one reaching furthest
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    const std::size_t r = order[i];
+    if (displs[r] < displs[far] + counts[far]) {
+      const std::size_t a = std::min(r, far), b = std::max(r, far);
+      return make_error(errc::invalid_argument,
+                        "%s: the recv blocks of rank %zu (displacement %zu, count %zu) and rank %zu "
+                        "(displacement %zu, count %zu) overlap: two peers would write the same elements",
+                        name, a, displs[a], counts[a], b, displs[b], counts[b]);
+    }
+    if (displs[r] + counts[r] > displs[far] + counts[far]) far = r;
+  }
+  return {};
+}
+
+/// allgatherv's receive blocks (counts / displs) and alltoallv's (the recv
+/// counts / displs) must not overlap (check_blocks_disjoint); gatherv's root
+/// checks its own in validate_root_of_v. Called by those calls only, so that
+/// other programs do not compile it.
+inline status validate_recv_blocks(const op_desc& d, int size) {
+  const bool all = d.kind == collective_kind::allgatherv;
+  return check_blocks_disjoint(to_string(d.kind), all ? d.counts : d.rcounts, all ? d.displs : d.rdispls,
+                               size > 0 ? static_cast<std::size_t>(size) : 0);
+}
+
 /// Checks gatherv's and scatterv's arrays on their root (`counts` and
 /// `displs` matter there only, as in MPI): present, in range, a buffer for
 /// any count > 0, and the root's own count equal to its send / recv count.
@@ -192,7 +245,10 @@ inline status validate_root_of_v(const op_desc& d, int rank, int size) {
                       name, gather ? "recv" : "send", d.root, d.counts[d.root], gather ? "send" : "recv", d.count);
   const std::size_t elem = size_of(d.type), whole = extent * elem,
                     mine = d.displs[d.root] * elem, own = d.count * elem;
-  if (gather) return check_aliasing(name, d.send, own, 0, d.recv, whole, mine, "send == recv + recv_displs[root]");
+  if (gather) {
+    CCLITE_TRY(check_blocks_disjoint(name, d.counts, d.displs, static_cast<std::size_t>(size)));
+    return check_aliasing(name, d.send, own, 0, d.recv, whole, mine, "send == recv + recv_displs[root]");
+  }
   return check_aliasing(name, d.send, whole, mine, d.recv, own, 0, "recv == send + send_displs[root]");
 }
 
