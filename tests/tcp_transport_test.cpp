@@ -490,6 +490,8 @@ TEST_CASE("tcp: direct windows carry large messages beside staged ones, both way
         std::uint8_t tiny[16];
         MP_CHECK(!l.recv_direct_begin(tiny, sizeof tiny));
         MP_CHECK(!l.send_direct_begin(tiny, sizeof tiny, sizeof tiny));
+        MP_CHECK(!l.recv_direct_begin(tiny, sizeof tiny, true));
+        MP_CHECK(!l.send_direct_begin(tiny, sizeof tiny, sizeof tiny, true));
         // A window that opens behind staged bytes and closes before any of
         // its own went (a verb whose other link refused its window) leaves
         // the link as it was: the staged bytes still arrive.
@@ -509,11 +511,15 @@ TEST_CASE("tcp: direct windows carry large messages beside staged ones, both way
           std::vector<std::uint8_t> src(bytes), out(bytes, 0xEE);
           fill(src.data(), rank, peer, pos, bytes);
           const bool grow = i == 2 && rank == 0;  // opens empty, grows by 10000
+          // Odd messages as a sendrecv's: windows from a quarter of the threshold (16K).
+          const bool exchange = i % 2 == 1;
+          const std::size_t min = exchange ? 16u << 10 : 64u << 10;
           const bool send_direct = (i + static_cast<std::size_t>(rank)) % 3 != 0 &&
-                                   l.send_direct_begin(src.data(), grow ? 0 : bytes, bytes);
-          const bool recv_direct = (i + static_cast<std::size_t>(rank)) % 2 == 0 && l.recv_direct_begin(out.data(), bytes);
-          MP_CHECK(send_direct == ((i + static_cast<std::size_t>(rank)) % 3 != 0 && bytes >= (64u << 10)));
-          MP_CHECK(recv_direct == ((i + static_cast<std::size_t>(rank)) % 2 == 0 && bytes >= (64u << 10)));
+                                   l.send_direct_begin(src.data(), grow ? 0 : bytes, bytes, exchange);
+          const bool recv_direct = (i + static_cast<std::size_t>(rank)) % 2 == 0 &&
+                                   l.recv_direct_begin(out.data(), bytes, exchange);
+          MP_CHECK(send_direct == ((i + static_cast<std::size_t>(rank)) % 3 != 0 && bytes >= min));
+          MP_CHECK(recv_direct == ((i + static_cast<std::size_t>(rank)) % 2 == 0 && bytes >= min));
           if (send_direct) MP_CHECK(l.send_reserve(1).empty());  // the window owns the stream's end
           std::size_t ready = grow ? 0 : bytes, sent = send_direct ? bytes : 0, got = 0;
           while (true) {

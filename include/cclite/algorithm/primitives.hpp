@@ -199,8 +199,8 @@ class primitives {
     // A large direction over a link with direct windows goes through its
     // window, the other (small, or a link without them) through its FIFO, in
     // the same loop: neither waits for the other.
-    const bool win_out = direct_ok(send_bytes) && begin_send(src, send_bytes, send_bytes);
-    const bool win_in = direct_ok(recv_bytes) && begin_recv(out, recv_bytes);
+    const bool win_out = direct_ok(send_bytes) && begin_send(src, send_bytes, send_bytes, true);
+    const bool win_in = direct_ok(recv_bytes) && begin_recv(out, recv_bytes, true);
     if (win_in || win_out) return direct_pump(out, recv_bytes, win_in, src, send_bytes, win_out, false);
     // After will_finish() the end pad follows the data in the same loop (it
     // must not wait for the receive): zeros, a multiple of elem_ since sent_
@@ -350,12 +350,13 @@ class primitives {
   static constexpr bool has_direct = direct::has_windows_v<Prev> && direct::has_windows_v<Next>;
   // Below a piece the links' thresholds are never reached: no call to ask them.
   bool direct_ok(std::size_t bytes) const noexcept { return has_direct && bytes >= piece_; }
-  bool begin_send(const std::uint8_t* src, std::size_t ready, std::size_t total) {
-    if constexpr (has_direct) return next_.send_direct_begin(src, ready, total);
+  // `exchange`: a sendrecv's direction (direct.hpp: a lower threshold).
+  bool begin_send(const std::uint8_t* src, std::size_t ready, std::size_t total, bool exchange = false) {
+    if constexpr (has_direct) return next_.send_direct_begin(src, ready, total, exchange);
     else return false;
   }
-  bool begin_recv(std::uint8_t* out, std::size_t bytes) {
-    if constexpr (has_direct) return prev_.recv_direct_begin(out, bytes);
+  bool begin_recv(std::uint8_t* out, std::size_t bytes, bool exchange = false) {
+    if constexpr (has_direct) return prev_.recv_direct_begin(out, bytes, exchange);
     else return false;
   }
 

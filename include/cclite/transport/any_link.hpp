@@ -61,8 +61,8 @@ class any_link {
   }
   // Direct windows (transport/direct.hpp), where the held link has them;
   // elsewhere begin is refused and the rest does nothing.
-  bool send_direct_begin(const std::uint8_t* src, std::size_t ready, std::size_t total) {
-    return on_direct(false, [&](auto& l) { return l.send_direct_begin(src, ready, total); });
+  bool send_direct_begin(const std::uint8_t* src, std::size_t ready, std::size_t total, bool exchange = false) {
+    return on_direct(false, [&](auto& l) { return l.send_direct_begin(src, ready, total, exchange); });
   }
   void send_direct_extend(std::size_t ready) {
     on_direct(0, [&](auto& l) { return l.send_direct_extend(ready), 0; });
@@ -73,8 +73,8 @@ class any_link {
   void send_direct_end(const status& why) {
     on_direct(0, [&](auto& l) { return l.send_direct_end(why), 0; });
   }
-  bool recv_direct_begin(std::uint8_t* out, std::size_t bytes) {
-    return on_direct(false, [&](auto& l) { return l.recv_direct_begin(out, bytes); });
+  bool recv_direct_begin(std::uint8_t* out, std::size_t bytes, bool exchange = false) {
+    return on_direct(false, [&](auto& l) { return l.recv_direct_begin(out, bytes, exchange); });
   }
   std::size_t recv_direct_arrived() {
     return on_direct(std::size_t{0}, [&](auto& l) { return l.recv_direct_arrived(); });

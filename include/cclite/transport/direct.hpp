@@ -8,16 +8,20 @@
 // does so for its large messages). A link offers that with these members
 // (all optional; links without them, shm and verbs, keep the staged path):
 //
-//   bool        send_direct_begin(const uint8_t* src, size_t ready, size_t total)
+//   bool        send_direct_begin(const uint8_t* src, size_t ready, size_t total,
+//                                 bool exchange = false)
 //                   opens a send window of `total` bytes at the stream's
 //                   current end, sent from src itself; src[0..ready) may go
 //                   now. false (nothing changed): the link will not (message
-//                   below its threshold, a failed link, a window already open)
+//                   below its threshold, a failed link, a window already open).
+//                   `exchange`: the verb moves the other direction in the
+//                   same loop (sendrecv), so it waits for the receive
+//                   anyway and a window pays from a lower threshold
 //   void        send_direct_extend(size_t ready)   src[0..ready) may go now
 //   size_t      send_direct_left()                 bytes not yet handed to
 //                                                  the kernel (0: src is free)
 //   void        send_direct_end(const status& why) closes the window
-//   bool        recv_direct_begin(uint8_t* out, size_t bytes)
+//   bool        recv_direct_begin(uint8_t* out, size_t bytes, bool exchange = false)
 //                   the next `bytes` of the stream land in out; false as above
 //   size_t      recv_direct_arrived()              length of the prefix of out
 //                                                  that is complete

@@ -162,9 +162,11 @@ CCLITE_SETUP_CODE_END
 
   /// Opens a send window of `total` bytes from `src` at the stream's end, of
   /// which src[0..ready) may go now. false (nothing changed): below the
-  /// threshold, the link failed, or a window is open.
-  bool send_direct_begin(const std::uint8_t* src, std::size_t ready, std::size_t total) noexcept {
-    if (direct_min_ == 0 || total < direct_min_ || sbuf_ != nullptr || !error_.ok() || ready > total) return false;
+  /// threshold (a quarter of it for an `exchange`: direct.hpp), the link
+  /// failed, or a window is open.
+  bool send_direct_begin(const std::uint8_t* src, std::size_t ready, std::size_t total,
+                         bool exchange = false) noexcept {
+    if (!direct_worth(total, exchange) || sbuf_ != nullptr || !error_.ok() || ready > total) return false;
     sbuf_ = src;
     slo_ = shi_ = committed_;
     stotal_ = total;
@@ -192,9 +194,10 @@ CCLITE_SETUP_CODE_END
   }
 
   /// The next `bytes` of the stream land in `out`. false (nothing changed):
-  /// below the threshold, the link failed, or a window is open.
-  bool recv_direct_begin(std::uint8_t* out, std::size_t bytes) noexcept {
-    if (direct_min_ == 0 || bytes < direct_min_ || rbuf_ != nullptr || !error_.ok()) return false;
+  /// below the threshold (as send_direct_begin), the link failed, or a
+  /// window is open.
+  bool recv_direct_begin(std::uint8_t* out, std::size_t bytes, bool exchange = false) noexcept {
+    if (!direct_worth(bytes, exchange) || rbuf_ != nullptr || !error_.ok()) return false;
     rlo_ = rseen_ = consumed_;
     rhi_ = consumed_ + bytes;
     // Read-ahead: copy out of the ring what the sockets already landed of
@@ -295,6 +298,14 @@ CCLITE_SETUP_CODE_END
 
  private:
   link() = default;
+
+  // A window for `bytes`: from direct_min_, or a quarter of it when the verb
+  // waits for the other direction anyway (an exchange: sendrecv, where
+  // windows measured +40-60 % at 256-512 KiB and a lone send or receive
+  // lost; docs/performance.md, "Session 39").
+  bool direct_worth(std::size_t bytes, bool exchange) const noexcept {
+    return direct_min_ != 0 && bytes >= (exchange ? direct_min_ / 4 : direct_min_);
+  }
 
   static constexpr int max_iov = 16;
 
