@@ -7,6 +7,7 @@
 //   - SIGKILL of one side -> peer_lost on the other; no sender -> timeout
 #include <cclite/bootstrap/file_store.hpp>
 #include <cclite/tcp/transport.hpp>
+#include <cclite/transport/direct.hpp>
 
 #include <doctest/doctest.h>
 #include <stdlib.h>
@@ -475,6 +476,8 @@ TEST_CASE("tcp: odd geometry: 3 sockets, 12K blocks, 40K rings") {
 // read-ahead has put part of them in the ring already. Either side picks
 // direct or staged per message on its own; one send window opens empty and
 // grows in steps, as a chain's middle rank forwards what arrived.
+static_assert(direct::has_windows_v<tcp::link>, "tcp links offer direct windows (transport/direct.hpp)");
+
 TEST_CASE("tcp: direct windows carry large messages beside staged ones, both ways at once") {
   test::temp_dir dir;
   auto r = test::run_ranks(

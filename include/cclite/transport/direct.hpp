@@ -61,12 +61,12 @@ template <class L, class = void>
 struct has_windows : std::false_type {};
 template <class L>
 struct has_windows<L, std::void_t<decltype(std::declval<L&>().send_direct_begin(
-                                      std::declval<const std::uint8_t*>(), std::size_t{}, std::size_t{})),
+                                      std::declval<const std::uint8_t*>(), std::size_t{}, std::size_t{}, bool{})),
                                   decltype(std::declval<L&>().send_direct_extend(std::size_t{})),
                                   decltype(std::declval<L&>().send_direct_left()),
                                   decltype(std::declval<L&>().send_direct_end(std::declval<const status&>())),
                                   decltype(std::declval<L&>().recv_direct_begin(std::declval<std::uint8_t*>(),
-                                                                                std::size_t{})),
+                                                                                std::size_t{}, bool{})),
                                   decltype(std::declval<L&>().recv_direct_arrived()),
                                   decltype(std::declval<L&>().recv_direct_end(std::declval<const status&>()))>>
     : std::true_type {};
