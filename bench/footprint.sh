@@ -10,8 +10,9 @@
 #  2. stripped size of hello_allreduce linked with -static-libstdc++ -static-libgcc
 #     and dynamically, and of edge_sensor_average (-O2, -s); and hello_allreduce
 #     built for size (-Os) and as the embedded configuration (-Os -fno-exceptions
-#     -fno-rtti, then also without unwind tables), dynamic; and where hello_allreduce's -O2 code goes, by part of
-#     cclite (the last table; function by function:
+#     -fno-rtti, then also without unwind tables), dynamic; and where
+#     hello_allreduce's -O2 code goes, by part of cclite (the last table; function
+#     by function:
 #       g++ -O2 ... -c samples/hello_allreduce.cpp && nm -C -S --size-sort hello_allreduce.o)
 #  3. resident memory of each rank of a 2-rank job at rest (after set-up and
 #     one 4-byte allreduce): VmRSS and Pss (/proc/self/status, smaps_rollup;
@@ -95,7 +96,7 @@ read -r ew eu < <(timed "$CXX" -std=c++17 -O2 "${tcp_defs[@]}" -I"$root/include"
 "$CXX" -std=c++17 -Os "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" -o "$tmp/hello_os" -s -pthread
 "$CXX" -std=c++17 -Os -fno-exceptions -fno-rtti "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" \
   -o "$tmp/hello_os_noexc" -s -pthread
-# Without exceptions the unwind tables (.eh_frame, ~45 KiB here) serve only
+# Without exceptions the unwind tables (.eh_frame and its index, ~47 KiB here) serve only
 # backtraces and debuggers without debug info; firmware builds drop them.
 "$CXX" -std=c++17 -Os -fno-exceptions -fno-rtti -fno-asynchronous-unwind-tables "${defs[@]}" "${inc[@]}" \
   "$root/samples/hello_allreduce.cpp" -o "$tmp/hello_os_nounwind" -s -pthread
