@@ -80,7 +80,7 @@ class primitives {
   void will_finish() noexcept { last_ = true; }
 
   status send(const std::uint8_t* src, std::size_t bytes) {
-    if (direct_ok(bytes) && begin_send(src, bytes, bytes)) return direct_pump(nullptr, 0, false, src, bytes, true, false);
+    if (direct_ok(bytes) && begin_send(src, bytes, bytes)) return exchange(nullptr, 0, false, src, bytes, true, false);
     return pump(bytes, false, true, [&](const std::uint8_t*, std::uint8_t* dst, std::size_t n, std::size_t off) {
       pass_on(dst, src + off, n);
     });
@@ -110,7 +110,7 @@ class primitives {
   }
 
   status recv(std::uint8_t* out, std::size_t bytes) {
-    if (direct_ok(bytes) && begin_recv(out, bytes)) return direct_pump(out, bytes, true, nullptr, 0, false, false);
+    if (direct_ok(bytes) && begin_recv(out, bytes)) return exchange(out, bytes, true, nullptr, 0, false, false);
     return pump(bytes, true, false, [&](const std::uint8_t* in, std::uint8_t*, std::size_t n, std::size_t off) {
       keep(out + off, in, n);
     });
@@ -125,7 +125,7 @@ class primitives {
     // ranks, broadcast 4 MiB +7 %, 64 MiB -4 %, gather and scatter -9..+3 %,
     // all within the noise; docs/performance.md, "Session 40").
     if (direct_ok(bytes) && begin_send(out, 0, bytes)) {
-      if (begin_recv(out, bytes)) return direct_pump(out, bytes, true, out, bytes, true, true);
+      if (begin_recv(out, bytes)) return exchange(out, bytes, true, out, bytes, true, true);
       if constexpr (has_direct) next_.send_direct_end(status{});
     }
     return pump(bytes, true, true, [&](const std::uint8_t* in, std::uint8_t* dst, std::size_t n, std::size_t off) {
@@ -201,48 +201,7 @@ class primitives {
     // the same loop: neither waits for the other.
     const bool win_out = direct_ok(send_bytes) && begin_send(src, send_bytes, send_bytes, true);
     const bool win_in = direct_ok(recv_bytes) && begin_recv(out, recv_bytes, true);
-    if (win_in || win_out) return direct_pump(out, recv_bytes, win_in, src, send_bytes, win_out, false);
-    // After will_finish() the end pad follows the data in the same loop (it
-    // must not wait for the receive): zeros, a multiple of elem_ since sent_
-    // and send_bytes are.
-    const std::size_t send_end = send_bytes + (last_ ? end_pad(sent_ + send_bytes) : 0);
-    std::size_t sd = 0, rd = 0;
-    int idle = 0;
-    while (sd < send_end || rd < recv_bytes) {
-      bool moved = false;
-      if (sd < send_end) {
-        mutable_bytes dst = next_.send_reserve(std::min(send_end - sd, piece_));
-        std::size_t n = align_down(dst.size, elem_);
-        if (n) {
-          const std::size_t data = sd < send_bytes ? std::min(n, send_bytes - sd) : 0;
-          if (data) pass_on(dst.data, src + sd, data);
-          if (n > data) std::memset(dst.data + data, 0, n - data);
-          next_.send_commit(n);
-          sd += n;
-          moved = true;
-        }
-      }
-      if (rd < recv_bytes) {
-        const_bytes in = prev_.recv_peek();
-        std::size_t n = align_down(std::min({in.size, recv_bytes - rd, piece_}), elem_);
-        if (n) {
-          keep(out + rd, in.data, n);
-          prev_.recv_consume(n);
-          rd += n;
-          moved = true;
-        }
-      }
-      if (moved) {
-        idle = 0;
-        stalled_ = false;
-        continue;
-      }
-      CCLITE_TRY(stall(rd < recv_bytes, sd < send_end,
-                       rd < recv_bytes ? wait_for::recv : wait_for::send, idle));
-    }
-    sent_ += send_end;
-    received_ += recv_bytes;
-    return {};
+    return exchange(out, recv_bytes, win_in, src, send_bytes, win_out, false);
   }
 
   /// Whether a byte from prev can be read now (without waiting).
@@ -360,71 +319,84 @@ class primitives {
     else return false;
   }
 
-  // A verb's bytes with at least one direct window open. In: `in_bytes` into
-  // `to`, through prev's receive window (`win_in`) or its FIFO. Out:
-  // `out_bytes` from `from`, through next's send window (`win_out`) or its
-  // FIFO; with `forward` (recv_copy_send: from == to) only what has arrived
-  // may go, and a send window grows over it. The windows are closed on every
-  // exit; closed early, they fail their links (direct.hpp).
-  status direct_pump(std::uint8_t* to, std::size_t in_bytes, bool win_in, const std::uint8_t* from,
-                     std::size_t out_bytes, bool win_out, bool forward) {
+  // Both directions of a verb in one loop, neither waiting for the other. In:
+  // `in_bytes` into `to`, through prev's receive window (`win_in`) or its
+  // FIFO. Out: `out_bytes` from `from`, through next's send window
+  // (`win_out`) or its FIFO; with `forward` (recv_copy_send: from == to) only
+  // what has arrived may go, and a send window grows over it. The windows are
+  // closed on every exit; closed early, they fail their links (direct.hpp).
+  // After will_finish() the end pad leaves with the data: through the FIFO in
+  // this loop (it must not wait for the receive: a 4-byte sendrecv is one
+  // trip), after a send window once it has closed.
+  status exchange(std::uint8_t* to, std::size_t in_bytes, bool win_in, const std::uint8_t* from,
+                  std::size_t out_bytes, bool win_out, bool forward) {
+    // The FIFO's end: the data, then zeros up to the pad (a multiple of
+    // elem_, since sent_ and out_bytes are).
+    const std::size_t put_end = out_bytes + (last_ && !win_out ? end_pad(sent_ + out_bytes) : 0);
+    std::size_t got = 0, put = 0;  // bytes arrived in `to`; bytes committed to next's FIFO
+    std::size_t left = 0;          // bytes the send window has yet to push
     if constexpr (has_direct) {
-      std::size_t got = 0, put = 0;  // bytes arrived in `to`; bytes of `from` committed to next's FIFO
-      std::size_t left = win_out ? next_.send_direct_left() : 0;
-      int idle = 0;
-      status st;
-      for (;;) {
-        bool moved = false;
-        if (win_in) {
+      if (win_out) left = next_.send_direct_left();
+    }
+    int idle = 0;
+    status st;
+    for (;;) {
+      bool moved = false;
+      if (win_in) {
+        if constexpr (has_direct) {
           const std::size_t a = prev_.recv_direct_arrived();
           moved |= a != got;
           got = a;
-        } else if (got < in_bytes) {
-          const_bytes in = prev_.recv_peek();
-          const std::size_t n = align_down(std::min({in.size, in_bytes - got, piece_}), elem_);
-          if (n) {
-            keep(to + got, in.data, n);
-            prev_.recv_consume(n);
-            got += n;
-            moved = true;
-          }
         }
-        const std::size_t ready = forward ? got : out_bytes;
-        if (win_out) {
+      } else if (got < in_bytes) {
+        const_bytes in = prev_.recv_peek();
+        const std::size_t n = align_down(std::min({in.size, in_bytes - got, piece_}), elem_);
+        if (n) {
+          keep(to + got, in.data, n);
+          prev_.recv_consume(n);
+          got += n;
+          moved = true;
+        }
+      }
+      const std::size_t ready = forward ? got : out_bytes;
+      if (win_out) {
+        if constexpr (has_direct) {
           if (forward) next_.send_direct_extend(ready);
           const std::size_t l = next_.send_direct_left();
           moved |= l != left;
           left = l;
-        } else if (put < ready) {
-          mutable_bytes dst = next_.send_reserve(std::min(ready - put, piece_));
-          const std::size_t n = align_down(dst.size, elem_);
-          if (n) {
-            pass_on(dst.data, from + put, n);
-            next_.send_commit(n);
-            put += n;
-            moved = true;
-          }
         }
-        if (got == in_bytes && (win_out ? left == 0 && ready == out_bytes : put == out_bytes)) break;
-        if (moved) {
-          idle = 0;
-          stalled_ = false;
-          continue;
+      } else if (const std::size_t end = ready == out_bytes ? put_end : ready; put < end) {
+        mutable_bytes dst = next_.send_reserve(std::min(end - put, piece_));
+        const std::size_t n = align_down(dst.size, elem_);
+        if (n) {
+          const std::size_t data = put < out_bytes ? std::min(n, out_bytes - put) : 0;
+          if (data) pass_on(dst.data, from + put, data);
+          if (n > data) std::memset(dst.data + data, 0, n - data);
+          next_.send_commit(n);
+          put += n;
+          moved = true;
         }
-        const bool short_in = got < in_bytes;
-        st = stall(short_in, out_bytes != 0, short_in ? wait_for::recv : wait_for::send, idle);
-        if (!st.ok()) break;
       }
+      const bool out_pending = win_out ? left != 0 || ready != out_bytes : put < put_end;
+      if (got == in_bytes && !out_pending) break;
+      if (moved) {
+        idle = 0;
+        stalled_ = false;
+        continue;
+      }
+      const bool short_in = got < in_bytes;
+      st = stall(short_in, out_pending, short_in ? wait_for::recv : wait_for::send, idle);
+      if (!st.ok()) break;
+    }
+    if constexpr (has_direct) {
       if (win_in) prev_.recv_direct_end(st);
       if (win_out) next_.send_direct_end(st);
-      CCLITE_TRY(st);
-      received_ += in_bytes;
-      sent_ += out_bytes;
-      return last_ && end_pad(sent_) ? pad_out() : status{};
-    } else {
-      (void)to, (void)in_bytes, (void)win_in, (void)from, (void)out_bytes, (void)win_out, (void)forward;
-      return status(errc::unsupported, "direct_pump over links without direct windows");
     }
+    CCLITE_TRY(st);
+    received_ += in_bytes;
+    sent_ += win_out ? out_bytes : put_end;
+    return last_ && end_pad(sent_) ? pad_out() : status{};
   }
 
   template <class L>
