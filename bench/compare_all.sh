@@ -18,12 +18,15 @@
 # Each pair's full tables (every size, [min..max]) are compare.sh's output, kept in
 # DIR/<collective>-<transport>.md.
 #
-# Environment: BW_ARGS (default "-b 64K -e 64M -f 4 -n 50 -w 10": 64 KiB to 64 MiB, 50
-# timed calls each), LAT_ARGS (default "-b 8 -e 8 -n 2000 -w 200"), passed on to
-# compare.sh with its other variables (COMMON_ARGS, MPIRUN_ARGS, ...). -p as in
-# compare.sh (root: every program at autogroup nice -20); -m as in compare.sh (Open MPI
+# Environment: BW_ARGS (default compare.sh's: 64 KiB to 4 MiB with 200 timed calls
+# after 50 warm-up calls, 16 and 64 MiB with 20 after 5; fewer calls for the first
+# sizes measured warm-up: over tcp a 64 KiB allreduce took 86 us per call at -n 50
+# -w 10 and 46 us at -n 500 -w 50, Session 41), LAT_ARGS (default "-b 8 -e 8 -n
+# 2000 -w 200"), passed on to compare.sh with its other variables (COMMON_ARGS,
+# MPIRUN_ARGS, ...). -p as in compare.sh
+# (root: every program at autogroup nice -20); -m as in compare.sh (Open MPI
 # also with glibc's malloc tuned; the better of its two medians counts).
-# Takes about 1-2 minutes per pair and run on a 2-vCPU machine (22 pairs by default).
+# Takes about 1-2 minutes per pair and 3 runs on a 2-vCPU machine (22 pairs by default).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,7 +36,7 @@ tuned=()
 keep=""
 colls="allreduce broadcast reduce allgather reduce_scatter alltoall sendrecv gather scatter scan exscan"
 transports="shm tcp"
-usage() { sed -n '2,30p' "$0" >&2; exit 2; }
+usage() { sed -n '2,33p' "$0" >&2; exit 2; }
 while getopts "r:pmk:C:T:h" opt; do
   case $opt in
     r) runs=$OPTARG ;;
@@ -47,7 +50,7 @@ while getopts "r:pmk:C:T:h" opt; do
 done
 shift $((OPTIND - 1))
 build=${1:-build}
-export BW_ARGS=${BW_ARGS:-"-b 64K -e 64M -f 4 -n 50 -w 10"}
+export BW_ARGS=${BW_ARGS:-"-b 64K -e 4M -f 4 -n 200 -w 50; -b 16M -e 64M -f 4"}
 export LAT_ARGS=${LAT_ARGS:-"-b 8 -e 8 -n 2000 -w 200"}
 
 if [ -n "$keep" ]; then
