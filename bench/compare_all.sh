@@ -67,9 +67,14 @@ for t in $transports; do
   for c in $colls; do
     echo "compare_all.sh: $c over $t" >&2
     # compare.sh checks its arguments and exits non-zero on a failed program
-    # (its log tail on stderr); the table then says "failed" for that pair.
-    bash "$here/compare.sh" -r "$runs" "${prio[@]}" "${tuned[@]}" -k "$out/$c-$t" -C "$c" "$t" "$build" \
-      > "$out/$c-$t.md" || echo "compare_all.sh: $c over $t failed" >&2
+    # (its log tail on stderr); the table then says "failed" for that pair,
+    # whatever runs finished before.
+    rm -f "$out/$c-$t.failed"
+    if ! bash "$here/compare.sh" -r "$runs" "${prio[@]}" "${tuned[@]}" -k "$out/$c-$t" -C "$c" "$t" "$build" \
+      > "$out/$c-$t.md"; then
+      echo "compare_all.sh: $c over $t failed" >&2
+      touch "$out/$c-$t.failed"
+    fi
   done
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
@@ -101,7 +106,7 @@ sizes, rows, wrong = set(), [], 0
 for t in transports:
     for c in colls:
         d = os.path.join(out, "%s-%s" % (c, t))
-        if not os.path.isdir(d) or not os.path.exists(os.path.join(d, "cclite-%s-bw.json" % t)):
+        if os.path.exists(d + ".failed") or not os.path.exists(os.path.join(d, "cclite-%s-bw.json" % t)):
             rows.append((c, t, None))
             continue
         for f in os.listdir(d):
@@ -136,7 +141,7 @@ print("| collective | transport | " + " | ".join(human(s) for s in sizes) +
 print("|---|---|" + "---:|" * len(sizes) + "---:|---:|")
 for c, t, v in rows:
     if v is None:
-        print("| %s | %s | failed: see %s-%s.md |" % (c, t, c, t))
+        print("| %s | %s | failed: compare.sh said why on stderr |" % (c, t))
         continue
     cb, mb, cl, ml, limit = v
     cells = []
