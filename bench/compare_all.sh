@@ -20,13 +20,13 @@
 #
 # Environment: BW_ARGS (default compare.sh's: 64 KiB to 4 MiB with 200 timed calls
 # after 50 warm-up calls, 16 and 64 MiB with 20 after 5; fewer calls for the first
-# sizes measured warm-up: over tcp a 64 KiB allreduce took 86 us per call at -n 50
-# -w 10 and 46 us at -n 500 -w 50, Session 41), LAT_ARGS (default "-b 8 -e 8 -n
+# sizes measured warm-up: over tcp, in a quiet minute, a 64 KiB allreduce took 86 us
+# per call at -n 50 -w 10 and 46 us at -n 500 -w 50, Session 41), LAT_ARGS (default "-b 8 -e 8 -n
 # 2000 -w 200"), passed on to compare.sh with its other variables (COMMON_ARGS,
 # MPIRUN_ARGS, ...). -p as in compare.sh
 # (root: every program at autogroup nice -20); -m as in compare.sh (Open MPI
 # also with glibc's malloc tuned; the better of its two medians counts).
-# Takes about 1-2 minutes per pair and 3 runs on a 2-vCPU machine (22 pairs by default).
+# The 22 pairs at -r 3 -m took 17 minutes on the 2-vCPU development VM.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
