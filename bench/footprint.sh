@@ -7,6 +7,9 @@
 #  1. compile time of samples/hello_allreduce.cpp (includes the umbrella header
 #     cclite/cclite.hpp, shm + tcp) at -O2, and of samples/edge_sensor_average.cpp
 #     (communicator<tcp> only): wall and user seconds, best of 2
+#     and of hello_allreduce.cpp built with CCLITE_SEPARATE_COMPILATION (the
+#     communicator's set-up compiled once, in samples/cclite_src.cpp: timed once,
+#     it is compiled once per program)
 #  2. stripped size of hello_allreduce linked with -static-libstdc++ -static-libgcc
 #     and dynamically, and of edge_sensor_average (-O2, -s); and hello_allreduce
 #     built for size (-Os) and as the embedded configuration (-Os -fno-exceptions
@@ -22,7 +25,7 @@
 #     CCLITE_CHUNKSIZE=4K, CCLITE_TCP_BLOCK=4K)
 #
 # Everything is built in a temporary directory; nothing in build/ is touched.
-# Takes a few minutes (the umbrella header is compiled 8 times).
+# Takes a few minutes (the umbrella header is compiled 11 times).
 set -euo pipefail
 CXX=${1:-g++}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,12 +88,18 @@ where() {
 
 # 1. compile time -------------------------------------------------------------------
 read -r hw hu < <(timed "$CXX" -std=c++17 -O2 "${defs[@]}" "${inc[@]}" -c "$root/samples/hello_allreduce.cpp" -o "$tmp/hello.o")
+read -r sw su < <(timed "$CXX" -std=c++17 -O2 -DCCLITE_SEPARATE_COMPILATION "${defs[@]}" "${inc[@]}" \
+  -c "$root/samples/hello_allreduce.cpp" -o "$tmp/hello_sep.o")
+/usr/bin/time -o "$tmp/time" -f "%e %U" "$CXX" -std=c++17 -O2 -DCCLITE_SEPARATE_COMPILATION "${defs[@]}" "${inc[@]}" \
+  -c "$root/samples/cclite_src.cpp" -o "$tmp/cclite_src.o"
+read -r cw cu < <(tail -1 "$tmp/time")
 read -r ew eu < <(timed "$CXX" -std=c++17 -O2 "${tcp_defs[@]}" -I"$root/include" -I"$root/transports/tcp/include" \
   -c "$root/samples/edge_sensor_average.cpp" -o "$tmp/edge.o")
 
 # 2. sizes ----------------------------------------------------------------------------
 "$CXX" "$tmp/hello.o" -o "$tmp/hello_static" -s -static-libstdc++ -static-libgcc -pthread
 "$CXX" "$tmp/hello.o" -o "$tmp/hello_dyn" -s -pthread
+"$CXX" "$tmp/hello_sep.o" "$tmp/cclite_src.o" -o "$tmp/hello_sep_dyn" -s -pthread -Wl,--gc-sections
 "$CXX" "$tmp/edge.o" -o "$tmp/edge_static" -s -static-libstdc++ -static-libgcc -pthread
 "$CXX" "$tmp/edge.o" -o "$tmp/edge_dyn" -s -pthread
 "$CXX" -std=c++17 -Os "${defs[@]}" "${inc[@]}" "$root/samples/hello_allreduce.cpp" -o "$tmp/hello_os" -s -pthread
@@ -150,9 +159,12 @@ m_tcp_small=$(rest CCLITE_SHM_DISABLE=1 "${small[@]}")
 echo "cclite footprint ($("$CXX" --version | head -1); $(nproc) cores; load $(cut -d' ' -f1 /proc/loadavg))"
 printf '%-58s %s\n' "what" "figure"
 printf '%-58s %s s wall, %s s user\n' "compile hello_allreduce.cpp (umbrella, shm+tcp), -O2" "$hw" "$hu"
+printf '%-58s %s s wall, %s s user\n' "  ... with CCLITE_SEPARATE_COMPILATION" "$sw" "$su"
+printf '%-58s %s s wall, %s s user\n' "  ... and once per program: cclite_src.cpp" "$cw" "$cu"
 printf '%-58s %s s wall, %s s user\n' "compile edge_sensor_average.cpp (tcp only), -O2" "$ew" "$eu"
 printf '%-58s %s KiB\n' "hello_allreduce stripped, -static-libstdc++" "$(kib "$tmp/hello_static")"
 printf '%-58s %s KiB\n' "hello_allreduce stripped, dynamic" "$(kib "$tmp/hello_dyn")"
+printf '%-58s %s KiB\n' "  ... separately compiled, --gc-sections, dynamic" "$(kib "$tmp/hello_sep_dyn")"
 printf '%-58s %s KiB\n' "edge_sensor_average stripped, -static-libstdc++" "$(kib "$tmp/edge_static")"
 printf '%-58s %s KiB\n' "edge_sensor_average stripped, dynamic" "$(kib "$tmp/edge_dyn")"
 printf '%-58s %s KiB\n' "hello_allreduce stripped, -Os, dynamic" "$(kib "$tmp/hello_os")"

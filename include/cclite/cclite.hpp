@@ -11,6 +11,10 @@
 // (shared memory inside a node, TCP between nodes), reduced to whichever of
 // the two this build links (targets cclite::shm, cclite::tcp define
 // CCLITE_HAS_SHM / CCLITE_HAS_TCP).
+//
+// With CCLITE_SEPARATE_COMPILATION, the default communicator and init() are
+// declared compiled elsewhere: in the program's TU of <cclite/src.hpp>
+// (collective/separate_compilation.hpp).
 #pragma once
 
 #include <cclite/config.hpp>
@@ -27,6 +31,7 @@
 #include <cclite/collective/communicator.hpp>
 #include <cclite/collective/init.hpp>
 #include <cclite/collective/objects.hpp>
+#include <cclite/collective/separate_compilation.hpp>
 
 #if defined(CCLITE_HAS_SHM)
 #include <cclite/shm/transport.hpp>
@@ -45,19 +50,28 @@
 #include <cclite/nccl/backend.hpp>
 #endif
 
-namespace cclite {
-
+// The transports of cclite::default_communicator, in order of preference.
 #if defined(CCLITE_DEFAULT_WITH_VERBS) && defined(CCLITE_HAS_VERBS) && defined(CCLITE_HAS_SHM) && \
     defined(CCLITE_HAS_TCP)
 // Opt-in (-DCCLITE_DEFAULT_WITH_VERBS=1): RDMA between nodes where both ends
 // have a port on one fabric, tcp elsewhere (bench's allreduce_perf_verbs).
-using default_communicator = communicator<shm::transport, verbs::transport, tcp::transport>;
+#define CCLITE_DEFAULT_TRANSPORTS ::cclite::shm::transport, ::cclite::verbs::transport, ::cclite::tcp::transport
 #elif defined(CCLITE_HAS_SHM) && defined(CCLITE_HAS_TCP)
-using default_communicator = communicator<shm::transport, tcp::transport>;
+#define CCLITE_DEFAULT_TRANSPORTS ::cclite::shm::transport, ::cclite::tcp::transport
 #elif defined(CCLITE_HAS_TCP)
-using default_communicator = communicator<tcp::transport>;
+#define CCLITE_DEFAULT_TRANSPORTS ::cclite::tcp::transport
 #elif defined(CCLITE_HAS_SHM)
-using default_communicator = communicator<shm::transport>;
+#define CCLITE_DEFAULT_TRANSPORTS ::cclite::shm::transport
+#endif
+
+#if defined(CCLITE_SEPARATE_COMPILATION) && !defined(CCLITE_SOURCE) && defined(CCLITE_DEFAULT_TRANSPORTS)
+CCLITE_EXTERN_COMMUNICATOR(CCLITE_DEFAULT_TRANSPORTS)
+#endif
+
+namespace cclite {
+
+#if defined(CCLITE_DEFAULT_TRANSPORTS)
+using default_communicator = communicator<CCLITE_DEFAULT_TRANSPORTS>;
 #endif
 
 #if defined(CCLITE_HAS_SHM) || defined(CCLITE_HAS_TCP)

@@ -13,6 +13,10 @@
 //                         a program that cannot fork hosts a store_server with
 //                         no thread itself (store_server::progress()/hook())
 //                         or rendezvouses through a file store.
+//   CCLITE_SEPARATE_COMPILATION  compile cclite's set-up code once instead of in
+//                         every TU (Asio's ASIO_SEPARATE_COMPILATION): define it
+//                         for every TU of the program and include <cclite/src.hpp>
+//                         in exactly one of them (collective/separate_compilation.hpp).
 //
 // Macros this header defines for the rest of the library:
 //   CCLITE_HAS_EXCEPTIONS 0/1
@@ -21,6 +25,11 @@
 //   CCLITE_LIKELY(x) / CCLITE_UNLIKELY(x)
 //   CCLITE_NOINLINE       compiled once, not inlined or cloned (below)
 //   CCLITE_SETUP_CODE_BEGIN / _END  set-up code compiled for size (below)
+//   CCLITE_DECL           the declaration specifier of a non-template function
+//                         that CCLITE_SEPARATE_COMPILATION compiles once:
+//                         `inline` in the header-only build, nothing otherwise
+//   CCLITE_DEFINITIONS    1 where those functions' definitions are compiled:
+//                         the header-only build and the TU of <cclite/src.hpp>
 #pragma once
 
 #define CCLITE_VERSION_MAJOR 0
@@ -86,6 +95,22 @@
 #else
 #define CCLITE_SETUP_CODE_BEGIN
 #define CCLITE_SETUP_CODE_END
+#endif
+
+// Separate compilation (collective/separate_compilation.hpp): a function marked
+// CCLITE_DECL is declared by its header everywhere and defined only where
+// CCLITE_DEFINITIONS is 1, so a TU of a separately compiled program does not
+// compile it; <cclite/src.hpp> defines CCLITE_SOURCE before anything else.
+#if defined(CCLITE_SEPARATE_COMPILATION)
+#define CCLITE_DECL
+#if defined(CCLITE_SOURCE)
+#define CCLITE_DEFINITIONS 1
+#else
+#define CCLITE_DEFINITIONS 0
+#endif
+#else
+#define CCLITE_DECL inline
+#define CCLITE_DEFINITIONS 1
 #endif
 
 // Byte order and alignment, where the wire depends on them:

@@ -27,57 +27,60 @@ CCLITE_SETUP_CODE_BEGIN  // set-up code: compiled for size (config.hpp)
 
 namespace cclite {
 
-/// A communicator together with the store (and store server) it was built on.
-template <class Comm>
-class env_communicator {
+namespace detail {
+
+/// What init_communicator() builds before the communicator: the launch it
+/// detected, the rendezvous store and, on the rank that hosts it, the TCP store
+/// server. Not a template, so that a separately compiled program
+/// (CCLITE_SEPARATE_COMPILATION) compiles the stores and the launcher
+/// detection once, not in every TU that calls init().
+class env_store {
  public:
-  Comm* operator->() const noexcept { return comm_.get(); }
-  Comm& operator*() const noexcept { return *comm_; }
-  Comm* get() const noexcept { return comm_.get(); }
+  env_store() = default;
+  env_store(env_store&&) noexcept = default;
+  env_store& operator=(env_store&&) noexcept = default;
+  ~env_store() = default;
+
+  /// Detects the launcher, resolves `opts.timeout` in place (CCLITE_TIMEOUT)
+  /// and opens the store: in memory for a single process without a
+  /// rendezvous, else the TCP store at the endpoint (rank 0 hosts it) or, in a
+  /// build without TCP, the file store of CCLITE_RDZV_DIR.
+  /// Errors: bootstrap_error naming what to set; timeout.
+  CCLITE_DECL static result<env_store> open(comm_options& opts);
+
+  store& get() const noexcept { return *store_; }
   const launch_info& launch() const noexcept { return launch_; }
 
-  env_communicator() = default;
-  env_communicator(env_communicator&&) noexcept = default;
-  env_communicator& operator=(env_communicator&&) noexcept = default;
-  /// On the rank that hosts the TCP store, after a failed job: the server
-  /// stays up until the other ranks have disconnected (at most 10 s), so they
-  /// can still read the job's first failure from it instead of reporting only
-  /// that this rank is gone.
-  ~env_communicator() {
-    const bool failed = comm_ && comm_->failed();
-    comm_.reset();
-    store_.reset();
-#if defined(CCLITE_HAS_TCP)
-    if (failed && hosted_) hosted_->drain_clients(deadline::after(drain_grace_));
-#else
-    (void)failed;
-#endif
-  }
+  /// Rank 0's INFO line for a file-store rendezvous (where the store is).
+  CCLITE_DECL void log_opened(const logger& log) const;
+
+  /// Closes the store. On the rank that hosts the TCP store, after a failed
+  /// job: the server stays up until the other ranks have disconnected (at
+  /// most 10 s, or the job's timeout if shorter), so they can still read the
+  /// job's first failure from it instead of reporting only that this rank is
+  /// gone.
+  CCLITE_DECL void close(bool failed);
 
  private:
-  template <class C>
-  friend result<env_communicator<C>> init_communicator(comm_options);
-  // Declared first so they are destroyed last: the communicator uses the store.
+  // Declared first so they are destroyed last: the store may use the server.
   std::shared_ptr<void> server_;
 #if defined(CCLITE_HAS_TCP)
   tcp::store_server* hosted_ = nullptr;  ///< the server in server_, if this rank hosts one
   milliseconds drain_grace_{10000};      ///< the job's timeout, at most 10 s
 #endif
   std::unique_ptr<store> store_;
-  std::unique_ptr<Comm> comm_;
   launch_info launch_;
 };
 
-/// Builds a `Comm` (a communicator<...>) from the environment.
-template <class Comm>
-result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
+#if CCLITE_DEFINITIONS
+CCLITE_DECL result<env_store> env_store::open(comm_options& opts) {
   auto li = detect_launch();
   if (!li) return li.error();
   auto t = env::timeout_option(opts.timeout);
   if (!t) return t.error();
   opts.timeout = t.value();
   const deadline until = deadline::after(opts.timeout);
-  env_communicator<Comm> out;
+  env_store out;
   out.launch_ = li.value();
   if (li.value().size == 1 && li.value().rdzv_host.empty() && li.value().rdzv_dir.empty()) {
     out.store_ = std::make_unique<memory_store>();
@@ -102,14 +105,69 @@ result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
     out.store_ = std::move(s.value());
 #endif
   }
-  auto c = Comm::create(*out.store_, li.value().rank, li.value().size, opts);
-  if (!c) return c.error();
-  out.comm_ = std::move(c.value());
-  const launch_info& l = out.launch_;
+  return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
+}
+
+CCLITE_DECL void env_store::log_opened(const logger& log) const {
+  const launch_info& l = launch_;
   if (l.rank == 0 && l.size > 1 && l.rdzv_host.empty())
-    CCLITE_INFO(out.comm_->log(), "init: launcher %s, file store in %s%s%s%s", l.launcher.c_str(),
+    CCLITE_INFO(log, "init: launcher %s, file store in %s%s%s%s", l.launcher.c_str(),
                 rdzv_store_dir(l).c_str(), l.rdzv_dir_from.empty() ? "" : " (", l.rdzv_dir_from.c_str(),
                 l.rdzv_dir_from.empty() ? "" : ")");
+}
+
+CCLITE_DECL void env_store::close(bool failed) {
+  store_.reset();
+#if defined(CCLITE_HAS_TCP)
+  if (failed && hosted_) hosted_->drain_clients(deadline::after(drain_grace_));
+  hosted_ = nullptr;
+#endif
+  (void)failed;
+  server_.reset();
+}
+#endif  // CCLITE_DEFINITIONS
+
+}  // namespace detail
+
+/// A communicator together with the store (and store server) it was built on.
+template <class Comm>
+class env_communicator {
+ public:
+  Comm* operator->() const noexcept { return comm_.get(); }
+  Comm& operator*() const noexcept { return *comm_; }
+  Comm* get() const noexcept { return comm_.get(); }
+  const launch_info& launch() const noexcept { return boot_.launch(); }
+
+  env_communicator() = default;
+  env_communicator(env_communicator&&) noexcept = default;
+  env_communicator& operator=(env_communicator&&) noexcept = default;
+  /// Ends the communicator, then the store (detail::env_store::close(): after
+  /// a failed job the rank hosting the TCP store serves it a little longer).
+  ~env_communicator() {
+    const bool failed = comm_ && comm_->failed();
+    comm_.reset();
+    boot_.close(failed);
+  }
+
+ private:
+  template <class C>
+  friend result<env_communicator<C>> init_communicator(comm_options);
+  detail::env_store boot_;  // declared first so it is destroyed last: the communicator uses the store
+  std::unique_ptr<Comm> comm_;
+};
+
+/// Builds a `Comm` (a communicator<...>) from the environment.
+template <class Comm>
+result<env_communicator<Comm>> init_communicator(comm_options opts = {}) {
+  auto b = detail::env_store::open(opts);
+  if (!b) return b.error();
+  env_communicator<Comm> out;
+  out.boot_ = std::move(b.value());
+  const launch_info& l = out.boot_.launch();
+  auto c = Comm::create(out.boot_.get(), l.rank, l.size, opts);
+  if (!c) return c.error();
+  out.comm_ = std::move(c.value());
+  out.boot_.log_opened(out.comm_->log());
   return {std::move(out)};  // nvcc: no implicit move into result<T> (CWG1579)
 }
 
