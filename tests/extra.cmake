@@ -7,7 +7,10 @@
 #   install_layout                    every header, the package files and cclite-run
 #                                     are there; nothing names the source tree
 #   consumer_find_package             tests/consumer/find_package against that prefix:
-#                                     find_package(cclite), cclite::cclite, run it
+#                                     find_package(cclite), cclite::cclite, run it,
+#                                     and the same program separately compiled
+#                                     (CCLITE_SEPARATE_COMPILATION, the installed
+#                                     <cclite/src.hpp>)
 #   consumer_add_subdirectory         tests/consumer/add_subdirectory: cclite built
 #                                     inside the consumer's tree, run it
 #
@@ -78,7 +81,7 @@ if(CCLITE_INSTALL)
     "-DARGS=-DCMAKE_PREFIX_PATH=${_cc_prefix}|-DCONSUMER_EXPECT_DIR=${_cc_prefix}|-DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF")
   # cclite::tcp has no dependency: every install must give it.
   string(APPEND _cc_find "|-DCONSUMER_EXPECT_TCP=ON")
-  _cclite_consumer_test(consumer_find_package find_package "${_cc_find}")
+  _cclite_consumer_test(consumer_find_package find_package "${_cc_find}" -DSEPARATE=ON)
   set_tests_properties(consumer_find_package PROPERTIES FIXTURES_REQUIRED cclite_installed)
 
 endif()

@@ -5,7 +5,9 @@
 #         [-DCXX_COMPILER=..] [-DCXX_FLAGS=..] [-DTOOLCHAIN_FILE=..] [-DCONFIG=<cfg>]
 #         [-DARGS=-Da=1|-Db=2]   extra configure arguments, '|'-separated
 #         [-DEXPECT_CONFIGURE_ERROR=<regex>]  configure must fail, saying this
-#         [-DEMULATOR=cmd|arg] [-DRUN=OFF]  -P build_and_run.cmake
+#         [-DEMULATOR=cmd|arg] [-DRUN=OFF]
+#         [-DSEPARATE=ON]        also build and run cclite_consumer_separate
+#         -P build_and_run.cmake
 cmake_minimum_required(VERSION 3.24)
 foreach(v SOURCE_DIR BINARY_DIR GENERATOR)
   if(NOT ${v})
@@ -64,7 +66,11 @@ foreach(line IN LISTS found)
   message(STATUS "${line}")
 endforeach()
 
-set(build "${CMAKE_COMMAND}" --build "${BINARY_DIR}" --target cclite_consumer)
+set(programs cclite_consumer)
+if(SEPARATE)  # the consumer also builds cclite_consumer_separate
+  list(APPEND programs cclite_consumer_separate)
+endif()
+set(build "${CMAKE_COMMAND}" --build "${BINARY_DIR}" --target ${programs})
 if(CONFIG)
   list(APPEND build --config "${CONFIG}")
 endif()
@@ -87,5 +93,7 @@ if(NOT DEFINED ENV{CCLITE_TIMEOUT})
   set(ENV{CCLITE_TIMEOUT} 60)
 endif()
 string(REPLACE "|" ";" EMULATOR "${EMULATOR}")
-run_step(run ${EMULATOR} "${BINARY_DIR}/bin/cclite_consumer")
-message(STATUS "${out}")
+foreach(program IN LISTS programs)
+  run_step(run ${EMULATOR} "${BINARY_DIR}/bin/${program}")
+  message(STATUS "${out}")
+endforeach()
