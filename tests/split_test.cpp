@@ -10,8 +10,13 @@
 
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <atomic>
 #include <chrono>
@@ -361,6 +366,56 @@ TEST_CASE("dup: parent and dup connect on first use from two threads at once (on
     dup_first_connections_from_two_threads(net::tcp_only);
     dup_first_connections_from_two_threads(net::mixed);
   }
+}
+
+// Move-assigning an env_communicator over a live one (a program that re-inits)
+// ends the old communicator, then its store and rank 0's store server, before
+// it takes the new one; member by member, the store went first, under the
+// communicator still using it. Three ranks over tcp: the second init() meets at
+// another port; after the assignment the first store's port is closed on rank
+// 0, and the assigned communicator reduces correctly.
+TEST_CASE("init: an env_communicator assigned over a live one ends the old one, then takes the new") {
+  const std::string port1 = std::to_string(test::free_port()), port2 = std::to_string(test::free_port());
+  REQUIRE(port1 != "0");
+  REQUIRE(port2 != "0");
+  REQUIRE(port1 != port2);
+  auto r = test::run_ranks(
+      3,
+      [&](int rank, int n) {
+        auto comm = cclite::init();
+        MP_REQUIRE_OK(comm);
+        std::int64_t x = rank + 1;
+        MP_REQUIRE_OK(comm.value()->allreduce(&x, 1));
+        MP_CHECK(x == 6);
+        ::setenv("MASTER_PORT", port2.c_str(), 1);
+        auto again = cclite::init();
+        MP_REQUIRE_OK(again);
+        comm.value() = std::move(again.value());
+        if (rank == 0) {  // the first store's server is gone with it
+          const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+          sockaddr_in a{};
+          a.sin_family = AF_INET;
+          a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(port1)));
+          a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a);
+          const int err = errno;
+          ::close(fd);
+          MP_CHECK(rc != 0);
+          MP_CHECK(err == ECONNREFUSED);
+        }
+        std::vector<std::int64_t> v(1000, 10 * rank);
+        MP_REQUIRE_OK(comm.value()->allreduce(v.data(), v.size()));
+        MP_CHECK(comm.value()->size() == n);
+        MP_CHECK(v[0] == 30 && v.back() == 30);
+        return 0;
+      },
+      std::chrono::seconds(60), [&](int rank) {
+        test::set_net_env(net::tcp_only, rank, 3);
+        test::set_launch_env(rank, 3, port1);
+        ::setenv("CCLITE_TIMEOUT", "30", 1);
+      });
+  INFO(r.describe());
+  CHECK(r.all_ok());
 }
 
 // A dup() takes the parent's timeout, as set_timeout() left it: rank 1 never

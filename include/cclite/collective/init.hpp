@@ -38,7 +38,21 @@ class env_store {
  public:
   env_store() = default;
   env_store(env_store&&) noexcept = default;
-  env_store& operator=(env_store&&) noexcept = default;
+  /// Closes this store first (the destructor's order: the store, then the
+  /// server it may be connected to), then takes `o`'s.
+  env_store& operator=(env_store&& o) noexcept {
+    if (this != &o) {
+      close(false);
+      server_ = std::move(o.server_);
+#if defined(CCLITE_HAS_TCP)
+      hosted_ = std::exchange(o.hosted_, nullptr);
+      drain_grace_ = o.drain_grace_;
+#endif
+      store_ = std::move(o.store_);
+      launch_ = std::move(o.launch_);
+    }
+    return *this;
+  }
   ~env_store() = default;
 
   /// Detects the launcher, resolves `opts.timeout` in place (CCLITE_TIMEOUT)
@@ -140,16 +154,26 @@ class env_communicator {
 
   env_communicator() = default;
   env_communicator(env_communicator&&) noexcept = default;
-  env_communicator& operator=(env_communicator&&) noexcept = default;
+  /// Ends this communicator and its store (as the destructor), then takes `o`'s.
+  /// (Member by member, the store would go first, under a live communicator.)
+  env_communicator& operator=(env_communicator&& o) noexcept {
+    if (this != &o) {
+      close();
+      boot_ = std::move(o.boot_);
+      comm_ = std::move(o.comm_);
+    }
+    return *this;
+  }
   /// Ends the communicator, then the store (detail::env_store::close(): after
   /// a failed job the rank hosting the TCP store serves it a little longer).
-  ~env_communicator() {
+  ~env_communicator() { close(); }
+
+ private:
+  void close() noexcept {
     const bool failed = comm_ && comm_->failed();
     comm_.reset();
     boot_.close(failed);
   }
-
- private:
   template <class C>
   friend result<env_communicator<C>> init_communicator(comm_options);
   detail::env_store boot_;  // declared first so it is destroyed last: the communicator uses the store
