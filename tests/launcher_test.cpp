@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "../tools/run/cpu_bind.hpp"
 #include "../tools/run/devices.hpp"
 #include "../tools/run/job.hpp"
 #include "../tools/run/line_splitter.hpp"
@@ -498,6 +501,106 @@ TEST_CASE("options: --nproc-per-node gpu|cpu|auto count this machine's GPUs or C
     CHECK(rg.status == 2);
     CHECK(rg.err.find("--nproc-per-node gpu: no GPU here") != std::string::npos);
   }
+}
+
+TEST_CASE("--bind-to: CPU lists, and how cores and NUMA nodes are shared out") {
+  using namespace cclite::run;
+  std::vector<int> v;
+  CHECK(parse_cpu_list("0-3,8,10-11\n", v));
+  CHECK(v == std::vector<int>{0, 1, 2, 3, 8, 10, 11});
+  CHECK(parse_cpu_list("", v));
+  CHECK(v.empty());
+  CHECK_FALSE(parse_cpu_list("0-x", v));
+  CHECK_FALSE(parse_cpu_list("3-1", v));
+  CHECK_FALSE(parse_cpu_list("1,,2", v));
+  CHECK(cpu_list_string({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11");
+  CHECK(cpu_list_string({5}) == "5");
+
+  // Two packages (= NUMA nodes) of 4 cores with 2 hyperthreads each, numbered
+  // as Linux does: core k's threads are CPUs k and k + 8.
+  std::vector<cpu_place> cpus;
+  for (int t = 0; t < 2; ++t)
+    for (int k = 0; k < 8; ++k) cpus.push_back(cpu_place{k + 8 * t, k / 4, k / 4, k % 4});
+  bool shared = true;
+  auto core4 = cpu_sets_for(cpus, "core", 4, &shared);
+  CHECK_FALSE(shared);
+  REQUIRE(core4.size() == 4);
+  CHECK(core4[0] == std::vector<int>{0, 1, 8, 9});  // two whole cores, both threads
+  CHECK(core4[3] == std::vector<int>{6, 7, 14, 15});
+  auto numa2 = cpu_sets_for(cpus, "numa", 2, &shared);
+  REQUIRE(numa2.size() == 2);
+  CHECK(numa2[0] == std::vector<int>{0, 1, 2, 3, 8, 9, 10, 11});
+  CHECK(numa2[1] == std::vector<int>{4, 5, 6, 7, 12, 13, 14, 15});
+  auto core3 = cpu_sets_for(cpus, "core", 3, &shared);  // 8 cores: 2, 3, 3
+  REQUIRE(core3.size() == 3);
+  CHECK(core3[0].size() == 4);
+  CHECK(core3[1].size() == 6);
+  CHECK(core3[2].size() == 6);
+  auto many = cpu_sets_for(cpus, "core", 10, &shared);  // more workers than cores
+  CHECK(shared);
+  REQUIRE(many.size() == 10);
+  CHECK(many[8] == many[0]);
+  CHECK(many[9] == std::vector<int>{1, 9});
+  CHECK(cpu_sets_for(cpus, "none", 2).empty());
+  CHECK(cpu_sets_for({}, "core", 2).empty());
+
+  // read_cpu_places on a sysfs tree of its own: node 1 holds CPUs 2-3; CPU 3
+  // has no topology files (a core of its own).
+  char tmpl[] = "/tmp/cclite-sysfs-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string sys = tmpl;
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+  };
+  for (const char* d : {"/node", "/node/node0", "/node/node1", "/cpu", "/cpu/cpu0", "/cpu/cpu0/topology", "/cpu/cpu1",
+                        "/cpu/cpu1/topology", "/cpu/cpu2", "/cpu/cpu2/topology"})
+    REQUIRE(::mkdir((sys + d).c_str(), 0700) == 0);
+  write(sys + "/node/node0/cpulist", "0-1\n");
+  write(sys + "/node/node1/cpulist", "2-3\n");
+  for (int c = 0; c < 3; ++c) {
+    write(sys + "/cpu/cpu" + std::to_string(c) + "/topology/physical_package_id", c < 2 ? "0\n" : "1\n");
+    write(sys + "/cpu/cpu" + std::to_string(c) + "/topology/core_id", "0\n");  // CPUs 0 and 1: one core
+  }
+  auto places = read_cpu_places(sys, {0, 1, 2, 3});
+  REQUIRE(places.size() == 4);
+  CHECK(places[2].node == 1);
+  CHECK(places[2].package == 1);
+  CHECK(places[3].node == 1);
+  auto by_core = cpu_sets_for(places, "core", 3, &shared);
+  REQUIRE(by_core.size() == 3);
+  CHECK(by_core[0] == std::vector<int>{0, 1});
+  CHECK(by_core[1] == std::vector<int>{3});  // node 1: CPU 3 (core id -4) sorts before CPU 2's core 0
+  CHECK(by_core[2] == std::vector<int>{2});
+  CHECK(cpu_sets_for(places, "numa", 2)[1] == std::vector<int>{2, 3});
+  CHECK(std::system(("rm -rf " + sys).c_str()) == 0);
+}
+
+TEST_CASE("--bind-to core|numa: each worker runs on its own share of the launcher's CPUs") {
+  using namespace cclite::run;
+  // What the workers must see: the shares computed here from this process's
+  // CPUs (the launcher runs with the same ones), as Cpus_allowed_list prints them.
+  auto own = read_cpu_places();
+  REQUIRE_FALSE(own.empty());
+  std::vector<int> all;
+  for (const auto& p : own) all.push_back(p.cpu);
+  std::sort(all.begin(), all.end());
+  for (const char* how : {"core", "numa", "none"}) {
+    INFO("--bind-to " << how);
+    launcher l({"--bind-to", how, "--nproc-per-node", "2", "/bin/sh", "-c",
+                "grep Cpus_allowed_list /proc/self/status | cut -f2"});
+    auto r = l.finish();
+    INFO(r.err);
+    CHECK(r.status == 0);
+    auto lines = by_rank(r.out);
+    REQUIRE(lines.size() == 2);
+    auto want = cpu_sets_for(own, how, 2);
+    for (const auto& [rank, line] : lines) {
+      INFO("rank " << rank << ": " << line);
+      CHECK(line == cpu_list_string(want.empty() ? all : want[static_cast<std::size_t>(rank)]));
+    }
+  }
+  CHECK(cclite::run::parse_args({"cclite-run", "--bind-to", "socket", "x"}).error.find("none, core or numa") !=
+        std::string::npos);
 }
 
 TEST_CASE("line_splitter: whole prefixed lines, partial line at EOF") {

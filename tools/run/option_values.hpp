@@ -40,6 +40,7 @@ struct options {
   std::string redirects, tee;     ///< --redirects / --tee: "N" or "LOCAL:N,..." (logs.hpp); "": none
   std::string local_ranks_filter; ///< --local-ranks-filter "0,2": only these reach the console; "": all
   int rdzv_is_host = -1;          ///< --rdzv-conf is_host: 1 host the agents' store, 0 never, -1 decide
+  std::string bind_to = "none";   ///< --bind-to none|core|numa: each worker's CPUs (cpu_bind.hpp)
   std::string log_run_dir;        ///< set at start (make_run_log_dir), not a flag
   std::vector<std::string> command;
 };

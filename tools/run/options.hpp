@@ -125,7 +125,7 @@ inline parse_result parse_args(const std::vector<std::string>& args,
         "--nproc-per-node", "--nnodes",      "--node-rank", "--rdzv-endpoint", "--rdzv-id",
         "--master-addr",    "--master-port", "--timeout",   "--rdzv-backend",  "--max-restarts",
         "--rdzv-timeout",   "--node-timeout", "--rdzv-last-call", "--log-dir", "--redirects", "--tee",
-        "--local-ranks-filter", "--rdzv-conf", "--monitor-interval"};
+        "--local-ranks-filter", "--rdzv-conf", "--monitor-interval", "--bind-to"};
     bool known = false;
     for (const char* v : valued) known = known || flag == v;
     if (!known) return fail("unknown option '" + arg + "'");
@@ -193,6 +193,10 @@ inline parse_result parse_args(const std::vector<std::string>& args,
       o.local_ranks_filter = value;
     } else if (flag == "--rdzv-conf") {
       if (std::string err = apply_rdzv_conf(value, o); !err.empty()) return fail(err);
+    } else if (flag == "--bind-to") {
+      if (value != "none" && value != "core" && value != "numa")
+        return fail("--bind-to needs none, core or numa, got '" + value + "'");
+      o.bind_to = value;
     } else if (flag == "--rdzv-last-call") {
       if (!detail::parse_seconds(value, o.rdzv_last_call_s))
         return fail("--rdzv-last-call needs a number of seconds > 0, got '" + value + "'");

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "agent.hpp"
+#include "cpu_bind.hpp"
 #include "job.hpp"
 #include "logs.hpp"
 #include "options.hpp"
@@ -84,9 +85,32 @@ class supervisor : private stop_policy {
   bool rescaling() const { return rescale_; }
 
  private:
+  /// --bind-to: one CPU set per local worker, or none. Unbound (with a line
+  /// saying why) when this process's CPUs cannot be read.
+  std::vector<cpu_set_t> cpu_binds(int n, int first) {
+    if (opts_.bind_to == "none") return {};
+    bool shared = false;
+    const auto sets = cpu_sets_for(read_cpu_places(), opts_.bind_to, n, &shared);
+    if (sets.empty()) {
+      say("--bind-to " + opts_.bind_to + ": cannot read this process's CPUs; workers start unbound");
+      return {};
+    }
+    if (shared) say("--bind-to " + opts_.bind_to + ": more workers than units, some share one");
+    std::vector<cpu_set_t> out(sets.size());
+    for (std::size_t i = 0; i < sets.size(); ++i) {
+      CPU_ZERO(&out[i]);
+      for (int c : sets[i])
+        if (c < CPU_SETSIZE) CPU_SET(c, &out[i]);
+      if (debug_enabled())
+        say("rank " + std::to_string(first + static_cast<int>(i)) + " bound to CPUs " + cpu_list_string(sets[i]));
+    }
+    return out;
+  }
+
   bool start_workers() {
     const int n = opts_.nproc_per_node;
     const int first = first_rank_of(opts_, rdzv_);
+    const std::vector<cpu_set_t> binds = cpu_binds(n, first);
     for (int local = 0; local < n; ++local) {
       worker w;
       w.local_rank = local;
@@ -106,7 +130,8 @@ class supervisor : private stop_policy {
                                  w.err_log);
       if (r.error.empty()) {
         auto env = merge_environment(environ, worker_variables(opts_, rdzv_, local));
-        r = spawn_worker(w, opts_.command, env, signals_);
+        r = spawn_worker(w, opts_.command, env, signals_,
+                         binds.empty() ? nullptr : &binds[static_cast<std::size_t>(local)]);
       }
       if (!r.ok) {
         close_fd(w.out_log);

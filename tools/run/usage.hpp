@@ -52,6 +52,9 @@ options (--name value or --name=value; '_' may replace '-' as in torchrun):
   --tee-prefix         prefix worker output with "[rank R]: " (default)
   --no-prefix          pass worker output through unchanged (still whole lines)
   --timeout SEC        stop the job and exit 124 after SEC seconds
+  --bind-to U          none (default, as torchrun), core or numa: each local worker
+                       gets its own cores or NUMA nodes of this launcher's CPUs,
+                       as mpirun --bind-to (more workers than units: they share)
   --log-dir DIR        where --redirects / --tee write: DIR/<rdzv-id>_XXXXXX/
                        attempt_<restart>/<local rank>/{stdout,stderr}.log (default:
                        a new directory in $TMPDIR)

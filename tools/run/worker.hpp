@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/types.h>
 #ifdef __linux__
@@ -49,7 +50,7 @@ namespace detail {
 /// allocation (argv/envp were built by the parent).
 [[noreturn]] inline void exec_child(char* const* argv, char** envp, int devnull, int out_w,
                                     int err_w, int status_w, const signal_events& signals,
-                                    const sigset_t& old_mask, pid_t launcher) {
+                                    const sigset_t& old_mask, pid_t launcher, const cpu_set_t* bind) {
 #ifdef __linux__
   // A launcher killed with SIGKILL cannot stop its workers; the kernel does it
   // for us, so no orphan keeps a device or a port, and the other nodes see
@@ -69,6 +70,14 @@ namespace detail {
   ::dup2(devnull, STDIN_FILENO);
   ::dup2(out_w, STDOUT_FILENO);
   ::dup2(err_w, STDERR_FILENO);
+  // --bind-to (cpu_bind.hpp): before exec, so every thread the program starts
+  // inherits it. A failure goes back as a negative errno (exec failures are positive).
+  if (bind && ::sched_setaffinity(0, sizeof(cpu_set_t), bind) != 0) {
+    int e = -errno;
+    ssize_t n = ::write(status_w, &e, sizeof(e));
+    (void)n;
+    ::_exit(126);
+  }
   environ = envp;  // execvp searches PATH and passes environ; execvpe is not POSIX
   ::execvp(argv[0], argv);
   int e = errno;
@@ -78,7 +87,8 @@ namespace detail {
 }
 
 /// Waits until the child has exec'd (EOF on the close-on-exec status pipe) or
-/// failed to (its errno arrives). Returns that errno, 0 on success.
+/// failed to (its errno arrives; negative: binding it to its CPUs failed).
+/// Returns that errno, 0 on success.
 inline int read_exec_errno(int status_r) {
   int e = 0;
   ssize_t n;
@@ -90,12 +100,13 @@ inline int read_exec_errno(int status_r) {
 
 }  // namespace detail
 
-/// Starts `command` as worker `w` with environment `env`. On success `w.pid`,
-/// `w.out_fd`, `w.err_fd` are set and `w.running` is true. On failure nothing
-/// is left running and the result says why.
+/// Starts `command` as worker `w` with environment `env`, bound to the CPUs in
+/// `bind` unless it is null. On success `w.pid`, `w.out_fd`, `w.err_fd` are
+/// set and `w.running` is true. On failure nothing is left running and the
+/// result says why.
 inline spawn_result spawn_worker(worker& w, const std::vector<std::string>& command,
                                  const std::vector<std::string>& env,
-                                 const signal_events& signals) {
+                                 const signal_events& signals, const cpu_set_t* bind = nullptr) {
   spawn_result res;
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -130,7 +141,7 @@ inline spawn_result spawn_worker(worker& w, const std::vector<std::string>& comm
   pid_t pid = ::fork();
   if (pid == 0)
     detail::exec_child(argv.data(), envp.data(), devnull, out[1], err[1], status[1], signals,
-                       old_mask, launcher);
+                       old_mask, launcher, bind);
   int fork_errno = errno;
   signal_events::unblock(old_mask);
   if (pid < 0) {
@@ -153,6 +164,12 @@ inline spawn_result spawn_worker(worker& w, const std::vector<std::string>& comm
     ::waitpid(pid, nullptr, 0);  // it _exit()s right after telling us
     close_fd(out[0]);
     close_fd(err[0]);
+    if (exec_errno < 0) {
+      res.exec_errno = 0;  // the program was not the problem: a plain failure (exit 1)
+      res.error = "cannot bind rank " + std::to_string(w.rank) + " to its CPUs (--bind-to): " +
+                  std::strerror(-exec_errno);
+      return res;
+    }
     res.exec_errno = exec_errno;
     res.error = "cannot execute '" + command[0] + "': " + std::strerror(exec_errno);
     return res;
