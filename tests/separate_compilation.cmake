@@ -1,19 +1,51 @@
 # Separate compilation (CCLITE_SEPARATE_COMPILATION, include/cclite/collective/
-# separate_compilation.hpp), issue 8's compile time: test separate_compilation
-# runs tests/separate_compilation_check.cmake on samples' hello_allreduce_separate:
-#  - the program's object (hello_allreduce.cpp) defines none of the
-#    communicator's layers' own members nor the set-up code of init()
-#    (detail::env_store), and the object of cclite_src.cpp defines them: the
-#    extern template declarations and CCLITE_DECL really keep that code out of
-#    the program's TUs (a broken macro would compile it everywhere again and
-#    still run);
-#  - the program runs as 2 ranks over shm and 3 over tcp and sums correctly.
-if(TARGET hello_allreduce_separate AND TARGET cclite-run)
-  add_test(NAME separate_compilation
+# separate_compilation.hpp), issue 8's compile time. Two tests, each running
+# tests/separate_compilation_check.cmake on a program of two TUs:
+#   separate_compilation      samples' hello_allreduce_separate (the default
+#                             communicator; cclite_src.cpp is src.hpp alone),
+#                             2 ranks over shm, 3 over tcp
+#   separate_compilation_tcp  tests/separate_compilation/tcp_main.cpp: a
+#                             communicator<tcp::transport> declared extern with
+#                             CCLITE_EXTERN_COMMUNICATOR, compiled in tcp_src.cpp
+#                             by CCLITE_INSTANTIATE_COMMUNICATOR; 3 ranks
+# The check: the program's object defines none of the communicator's layers'
+# own members nor the set-up code of init() (detail::env_store) while the src
+# TU's object defines them (the extern template declarations and CCLITE_DECL
+# really keep that code out of the program's TUs: a broken macro would compile
+# it everywhere again and still run), and the program runs correctly.
+if(NOT TARGET cclite-run)
+  return()
+endif()
+
+function(_cclite_separate_test name main_objects src_objects program runs)
+  add_test(NAME ${name}
     COMMAND ${CMAKE_COMMAND} "-DNM=${CMAKE_NM}" "-DRUNNER=$<TARGET_FILE:cclite-run>"
-            "-DPROGRAM=$<TARGET_FILE:hello_allreduce_separate>"
-            "-DMAIN_OBJECTS=$<TARGET_OBJECTS:hello_allreduce_separate_main>"
-            "-DSRC_OBJECTS=$<TARGET_OBJECTS:hello_allreduce_separate_src>"
+            "-DPROGRAM=$<TARGET_FILE:${program}>"
+            "-DMAIN_OBJECTS=$<TARGET_OBJECTS:${main_objects}>"
+            "-DSRC_OBJECTS=$<TARGET_OBJECTS:${src_objects}>"
+            "-DRUNS=${runs}"
             -P ${CMAKE_CURRENT_SOURCE_DIR}/separate_compilation_check.cmake)
-  set_tests_properties(separate_compilation PROPERTIES LABELS "embedded" TIMEOUT 300)
+  set_tests_properties(${name} PROPERTIES LABELS "embedded" TIMEOUT 300)
+endfunction()
+
+if(TARGET hello_allreduce_separate)
+  _cclite_separate_test(separate_compilation hello_allreduce_separate_main hello_allreduce_separate_src
+                        hello_allreduce_separate "2:shm:CCLITE_SHM_DISABLE=0|3:tcp:CCLITE_SHM_DISABLE=1")
+endif()
+
+if(TARGET cclite::shm AND TARGET cclite::tcp)
+  set(_sc_dir ${CMAKE_CURRENT_SOURCE_DIR}/separate_compilation)
+  add_library(separate_tcp_main OBJECT ${_sc_dir}/tcp_main.cpp)
+  add_library(separate_tcp_src OBJECT ${_sc_dir}/tcp_src.cpp)
+  foreach(t separate_tcp_main separate_tcp_src)
+    target_link_libraries(${t} PRIVATE cclite::cclite)
+    target_compile_definitions(${t} PRIVATE CCLITE_SEPARATE_COMPILATION)
+  endforeach()
+  add_executable(separate_tcp $<TARGET_OBJECTS:separate_tcp_main> $<TARGET_OBJECTS:separate_tcp_src>)
+  target_link_libraries(separate_tcp PRIVATE cclite::cclite)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND NOT APPLE)
+    target_link_options(separate_tcp PRIVATE LINKER:--gc-sections)
+  endif()
+  _cclite_separate_test(separate_compilation_tcp separate_tcp_main separate_tcp_src separate_tcp
+                        "3:tcp:CCLITE_SHM_DISABLE=0")
 endif()

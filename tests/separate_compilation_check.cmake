@@ -1,5 +1,8 @@
 # cmake -DNM=... -DRUNNER=cclite-run -DPROGRAM=... -DMAIN_OBJECTS=... -DSRC_OBJECTS=...
-#       -P separate_compilation_check.cmake      (registered by separate_compilation.cmake)
+#       -DRUNS=NP:VIA:ENV|...  -P separate_compilation_check.cmake
+# (registered by separate_compilation.cmake). Each run: NP ranks under cclite-run
+# with the environment setting ENV; every rank must print hello_allreduce's
+# line "... via VIA): sum of ranks = N (correct)".
 cmake_minimum_required(VERSION 3.24)
 
 # Defined functions of the communicator's layers (their own members, whole
@@ -23,18 +26,20 @@ foreach(what IN ITEMS layer setup)
   set(re "${_${what}_re}")
   string(REGEX MATCH "${re}" hit "${_main}")
   if(hit)
-    message(FATAL_ERROR "the program's TU compiled what cclite_src.cpp should compile alone:\n  ${hit}")
+    message(FATAL_ERROR "the program's TU compiled what its src TU should compile alone:\n  ${hit}")
   endif()
   string(REGEX MATCHALL "${re}" hits "${_src}")
   list(LENGTH hits n)
   if(n EQUAL 0)
-    message(FATAL_ERROR "cclite_src.cpp's object defines no ${what} function (regex: ${re})")
+    message(FATAL_ERROR "the src TU's object defines no ${what} function (regex: ${re})")
   endif()
-  message("${what} code: cclite_src.cpp's object defines ${n} functions, the program's none")
+  message("${what} code: the src TU's object defines ${n} functions, the program's none")
 endforeach()
 
-# The program works: shm (2 ranks) and tcp (3 ranks, shared memory off).
-foreach(run IN ITEMS "2;shm;CCLITE_SHM_DISABLE=0" "3;tcp;CCLITE_SHM_DISABLE=1")
+# The program works.
+string(REPLACE "|" ";" _runs "${RUNS}")
+foreach(run IN LISTS _runs)
+  string(REPLACE ":" ";" run "${run}")
   list(GET run 0 np)
   list(GET run 1 via)
   list(GET run 2 env)
@@ -44,6 +49,6 @@ foreach(run IN ITEMS "2;shm;CCLITE_SHM_DISABLE=0" "3;tcp;CCLITE_SHM_DISABLE=1")
   string(REGEX MATCHALL "via ${via}\\): sum of ranks = [0-9]+ \\(correct\\)" ok "${out}")
   list(LENGTH ok n)
   if(NOT rc EQUAL 0 OR NOT n EQUAL np)
-    message(FATAL_ERROR "hello_allreduce_separate, ${np} ranks over ${via}: exit ${rc}, ${n} of ${np} ranks correct")
+    message(FATAL_ERROR "${PROGRAM}, ${np} ranks over ${via}: exit ${rc}, ${n} of ${np} ranks correct")
   endif()
 endforeach()

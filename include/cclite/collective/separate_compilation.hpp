@@ -4,7 +4,8 @@
 // cclite is header-only: every TU that creates a communicator compiles the
 // communicator's set-up code (connecting, topology, algorithm selection,
 // failure handling) and every TU that calls cclite::init() the stores and the
-// launcher detection as well, most of the ~10 s such a TU takes at -O2. A
+// launcher detection as well: half of the 12-13 s such a TU takes at -O2 on a
+// 2-CPU VM (samples/hello_allreduce.cpp; README "Separate compilation"). A
 // program with several such TUs, or one rebuilt often, can compile that code
 // once, the way Asio's ASIO_SEPARATE_COMPILATION does:
 //
@@ -27,8 +28,9 @@
 // header-only build: correct, only slower to build.
 //
 // Costs: src.hpp's TU takes ~15-20 s (it compiles every member of the
-// communicator, used or not); a statically linked program gets those unused
-// members too unless linked with -ffunction-sections -Wl,--gc-sections.
+// communicator, called or not); the program gets the unused members too
+// unless it links with -Wl,--gc-sections (each instantiated member has a
+// section of its own, so the linker can drop it).
 #pragma once
 
 #include <cclite/config.hpp>
