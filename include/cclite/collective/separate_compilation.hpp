@@ -24,8 +24,10 @@
 // global scope:
 //   CCLITE_EXTERN_COMMUNICATOR(cclite::tcp::transport)       // a header every TU includes
 //   CCLITE_INSTANTIATE_COMMUNICATOR(cclite::tcp::transport)  // the TU of src.hpp, after it
-// A transport set nobody declared extern is compiled in every TU as in the
-// header-only build: correct, only slower to build.
+// (Not the default set itself: src.hpp compiles it, and a second explicit
+// instantiation does not compile. In a tcp-only build the default set is
+// communicator<tcp::transport>.) A transport set nobody declared extern is
+// compiled in every TU as in the header-only build: correct, only slower.
 //
 // Costs: src.hpp's TU takes ~15-20 s (it compiles every member of the
 // communicator, called or not); the program gets the unused members too
